@@ -1,0 +1,22 @@
+// Plain device allocations and copies for DeviceBuffer (src/core/device_buffer.cpp).
+#include <cuda_runtime.h>
+
+#include "cuda/runtime/check.hpp"
+
+namespace finegemm::cuda {
+
+void* device_alloc(size_t bytes) {
+  void* ptr = nullptr;
+  FG_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+  return ptr;
+}
+void device_free(void* ptr) { (void)cudaFree(ptr); }
+void copy_host_to_device(void* dst, const void* src, size_t bytes) {
+  FG_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void copy_device_to_host(void* dst, const void* src, size_t bytes) {
+  FG_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void device_synchronize() { FG_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace finegemm::cuda
