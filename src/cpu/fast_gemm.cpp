@@ -1,0 +1,495 @@
+// The CPU fast path's engine (see fast_gemm.hpp): weight tiles dequantized on the fly into fp32 scratch,
+// multiplied with OpenBLAS sgemm (when built with it) or with our own micro-kernel.
+#include "cpu/fast_gemm.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "core/formats.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "finegemm/error.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define FG_HAVE_AVX512_KERNELS 1
+// NOTE: GCC 12's _mm512_undefined_ps (inside _mm512_cvtph_ps, _mm512_reduce_add_ps) trips -Wuninitialized
+// once inlined; the value is never read.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// Only the functions marked with this attribute use AVX-512; the library is built for x86-64-v2 and picks
+// these at run time when the CPU has them.
+#define FG_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#else
+#define FG_HAVE_AVX512_KERNELS 0
+#endif
+
+#if FINEGEMM_WITH_BLAS
+#include <cblas.h>
+// Declared again here so that a generic (non-OpenBLAS) cblas.h on the include path still compiles; the library
+// we link is OpenBLAS (CMake asks FindBLAS for that vendor).
+extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" int openblas_get_num_threads(void);
+#endif
+
+namespace finegemm::cpu::fast {
+namespace {
+
+// NOTE: tile sizes measured on 2 Sapphire Rapids cores (bench_cpu_linear): 64 weight rows x 512 K per tile.
+constexpr int64_t NB = 64;   // weight rows (output columns) per task
+constexpr int64_t KB = 512;  // K panel dequantized at once; multiple of 32 so FP4 bytes and MX groups align
+
+// ---- Decode tables.
+struct Tables {
+  float e4m3[256];
+  float e2m1[16];
+  Tables() {
+    for (int i = 0; i < 256; ++i) e4m3[i] = fmt::e4m3_to_float(static_cast<uint8_t>(i));
+    for (int i = 0; i < 16; ++i) e2m1[i] = fmt::e2m1_to_float(static_cast<uint8_t>(i));
+  }
+};
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+// ---- Kernel choice.
+bool cpu_has_avx512() {
+#if FG_HAVE_AVX512_KERNELS
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
+std::atomic<Kernel> g_kernel{Kernel::Auto};
+
+Kernel resolve_kernel() {
+  Kernel k = g_kernel.load(std::memory_order_relaxed);
+  if (k != Kernel::Auto) return k;
+  if (kernel_available(Kernel::Blas)) return Kernel::Blas;
+  if (kernel_available(Kernel::Avx512)) return Kernel::Avx512;
+  return Kernel::Portable;
+}
+
+// ---- Weight scales: one value per (row group, K group).
+struct ScaleReader {
+  const void* ptr;
+  WeightRecipe recipe;
+  int64_t row_stride;
+  int64_t group_k;  // K columns one scale covers
+
+  float at(int64_t n, int64_t k) const {
+    switch (recipe.granularity) {
+      case WeightGranularity::PerTensor: return static_cast<const float*>(ptr)[0];
+      case WeightGranularity::PerChannel: return static_cast<const float*>(ptr)[n];
+      default: break;
+    }
+    const int64_t row = recipe.granularity == WeightGranularity::Block ? n / recipe.block_n : n;
+    const int64_t col = k / group_k;
+    switch (recipe.scale_format) {
+      case ScaleFormat::FP32: return static_cast<const float*>(ptr)[row * row_stride + col];
+      case ScaleFormat::UE8M0: return fmt::ue8m0_to_float(static_cast<const uint8_t*>(ptr)[row * row_stride + col]);
+      case ScaleFormat::UE8M0_PACKED:
+        return fmt::ue8m0_to_float(
+            fmt::ue8m0_unpack(static_cast<const int32_t*>(ptr)[row * row_stride + col / 4], static_cast<int>(col % 4)));
+    }
+    return NAN;
+  }
+};
+
+ScaleReader scale_reader(const QuantizedWeight& w) {
+  int64_t group_k = w.k;
+  if (w.recipe.granularity == WeightGranularity::Block) group_k = w.recipe.block_k;
+  if (w.recipe.granularity == WeightGranularity::MX) group_k = 32;
+  return {w.scale, w.recipe, w.scale_row_stride, std::max<int64_t>(group_k, 1)};
+}
+
+// ---- Decoders: count elements starting at element 0 of src, times scale s, into dst.
+void decode_fp8_portable(const uint8_t* src, int64_t count, float s, float* dst) {
+  const float* lut = tables().e4m3;
+  for (int64_t i = 0; i < count; ++i) dst[i] = lut[src[i]] * s;
+}
+
+// src points at the byte holding element 0 (an even element); count is even.
+void decode_fp4_portable(const uint8_t* src, int64_t count, float s, float* dst) {
+  float lut[16];
+  for (int i = 0; i < 16; ++i) lut[i] = tables().e2m1[i] * s;
+  for (int64_t i = 0; i < count / 2; ++i) {
+    dst[2 * i] = lut[src[i] & 0xF];
+    dst[2 * i + 1] = lut[src[i] >> 4];
+  }
+}
+
+#if FG_HAVE_AVX512_KERNELS
+// E4M3 → f16 by moving the bits (exponent bias 7 → the f16 field read with bias 15, so the value is 2^-8 of
+// the E4M3 one; subnormals map to f16 subnormals exactly), then vcvtph2ps. NaN codes are patched back in.
+FG_AVX512 void decode_fp8_avx512(const uint8_t* src, int64_t count, float s, float* dst) {
+  const __m512 scale = _mm512_set1_ps(s * 256.0f);  // the f16 reading is 2^-8 of the E4M3 value
+  const __m512 nan = _mm512_set1_ps(NAN);
+  const __m256i mag_mask = _mm256_set1_epi16(0x7F);
+  const __m256i sign_mask = _mm256_set1_epi16(0x80);
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    const __m256i mag = _mm256_and_si256(v, mag_mask);
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(v, sign_mask), 8));
+    __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), scale);
+    f = _mm512_mask_mov_ps(f, _mm256_cmpeq_epi16_mask(mag, mag_mask), nan);
+    _mm512_storeu_ps(dst + i, f);
+  }
+  if (i < count) decode_fp8_portable(src + i, count - i, s, dst + i);
+}
+
+// 16 nibbles (8 bytes) at a time: the 16-entry table (already times the scale) is one register.
+FG_AVX512 void decode_fp4_avx512(const uint8_t* src, int64_t count, float s, float* dst) {
+  const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(tables().e2m1), _mm512_set1_ps(s));
+  const __m512i shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+  const __m512i nibble = _mm512_set1_epi32(0xF);
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i / 2));
+    const __m128i twice = _mm_unpacklo_epi8(bytes, bytes);  // b0 b0 b1 b1 ... b7 b7
+    const __m512i idx = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(twice), shifts), nibble);
+    _mm512_storeu_ps(dst + i, _mm512_permutexvar_ps(idx, lut));
+  }
+  if (i < count) decode_fp4_portable(src + i / 2, count - i, s, dst + i);
+}
+#endif
+
+// Rows [n0, n0+nb) x columns [k0, k0+kb) of dequant(w) into tile[r * ld + c].
+void dequantize_tile(const QuantizedWeight& w, const ScaleReader& scales, int64_t n0, int64_t nb, int64_t k0,
+                     int64_t kb, float* tile, int64_t ld, bool avx512) {
+  const bool fp4 = w.recipe.element == ElementType::FP4_E2M1;
+  const int64_t row_bytes = fp4 ? w.k / 2 : w.k;
+  for (int64_t r = 0; r < nb; ++r) {
+    const int64_t n = n0 + r;
+    const uint8_t* row = w.data + n * row_bytes;
+    float* out = tile + r * ld;
+    for (int64_t k = k0; k < k0 + kb;) {
+      const int64_t end = std::min(k0 + kb, (k / scales.group_k + 1) * scales.group_k);
+      const float s = scales.at(n, k);
+#if FG_HAVE_AVX512_KERNELS
+      if (avx512) {
+        if (fp4) decode_fp4_avx512(row + k / 2, end - k, s, out + (k - k0));
+        else decode_fp8_avx512(row + k, end - k, s, out + (k - k0));
+        k = end;
+        continue;
+      }
+#endif
+      (void)avx512;
+      if (fp4) decode_fp4_portable(row + k / 2, end - k, s, out + (k - k0));
+      else decode_fp8_portable(row + k, end - k, s, out + (k - k0));
+      k = end;
+    }
+  }
+}
+
+// ---- Micro-kernels: acc[i * ldc + j] += Σ_c x[i * lda + c] · tile[j * ldt + c], i < m, j < nb, c < kb.
+void tile_gemm_portable(const float* x, int64_t m, int64_t lda, const float* tile, int64_t nb, int64_t kb,
+                        int64_t ldt, float* acc, int64_t ldc) {
+  constexpr int kLanes = 8;  // independent partial sums, so the compiler can vectorize without reassociating
+  for (int64_t i = 0; i < m; ++i) {
+    const float* a = x + i * lda;
+    for (int64_t j = 0; j < nb; ++j) {
+      const float* b = tile + j * ldt;
+      float part[kLanes] = {};
+      int64_t c = 0;
+      for (; c + kLanes <= kb; c += kLanes)
+        for (int l = 0; l < kLanes; ++l) part[l] += a[c + l] * b[c + l];
+      float sum = 0.0f;
+      for (; c < kb; ++c) sum += a[c] * b[c];
+      for (int l = 0; l < kLanes; ++l) sum += part[l];
+      acc[i * ldc + j] += sum;
+    }
+  }
+}
+
+#if FG_HAVE_AVX512_KERNELS
+// A kMR x kNR block of dot products, vectorized along K (16 lanes), reduced once at the end of the panel.
+template <int kMR, int kNR>
+FG_AVX512 inline void micro_avx512(const float* x, int64_t lda, const float* tile, int64_t ldt, int64_t kb,
+                                   float* acc, int64_t ldc) {
+  static_assert(kMR >= 1 && kNR >= 1 && kMR * kNR <= 24, "the accumulators must fit in 32 zmm registers");
+  __m512 sum[kMR][kNR];
+  for (int i = 0; i < kMR; ++i)
+    for (int j = 0; j < kNR; ++j) sum[i][j] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= kb; c += 16) {
+    __m512 b[kNR];
+    for (int j = 0; j < kNR; ++j) b[j] = _mm512_loadu_ps(tile + j * ldt + c);
+    for (int i = 0; i < kMR; ++i) {
+      const __m512 a = _mm512_loadu_ps(x + i * lda + c);
+      for (int j = 0; j < kNR; ++j) sum[i][j] = _mm512_fmadd_ps(a, b[j], sum[i][j]);
+    }
+  }
+  if (c < kb) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (kb - c)) - 1);
+    __m512 b[kNR];
+    for (int j = 0; j < kNR; ++j) b[j] = _mm512_maskz_loadu_ps(tail, tile + j * ldt + c);
+    for (int i = 0; i < kMR; ++i) {
+      const __m512 a = _mm512_maskz_loadu_ps(tail, x + i * lda + c);
+      for (int j = 0; j < kNR; ++j) sum[i][j] = _mm512_fmadd_ps(a, b[j], sum[i][j]);
+    }
+  }
+  for (int i = 0; i < kMR; ++i)
+    for (int j = 0; j < kNR; ++j) acc[i * ldc + j] += _mm512_reduce_add_ps(sum[i][j]);
+}
+
+template <int kMR>
+FG_AVX512 void micro_rows_avx512(const float* x, int64_t lda, const float* tile, int64_t nb, int64_t kb, int64_t ldt,
+                                 float* acc, int64_t ldc) {
+  constexpr int kNR = 4;
+  int64_t j = 0;
+  for (; j + kNR <= nb; j += kNR) micro_avx512<kMR, kNR>(x, lda, tile + j * ldt, ldt, kb, acc + j, ldc);
+  for (; j < nb; ++j) micro_avx512<kMR, 1>(x, lda, tile + j * ldt, ldt, kb, acc + j, ldc);
+}
+
+FG_AVX512 void tile_gemm_avx512(const float* x, int64_t m, int64_t lda, const float* tile, int64_t nb, int64_t kb,
+                                int64_t ldt, float* acc, int64_t ldc) {
+  constexpr int kMR = 4;
+  int64_t i = 0;
+  for (; i + kMR <= m; i += kMR) micro_rows_avx512<kMR>(x + i * lda, lda, tile, nb, kb, ldt, acc + i * ldc, ldc);
+  switch (m - i) {
+    case 3: micro_rows_avx512<3>(x + i * lda, lda, tile, nb, kb, ldt, acc + i * ldc, ldc); break;
+    case 2: micro_rows_avx512<2>(x + i * lda, lda, tile, nb, kb, ldt, acc + i * ldc, ldc); break;
+    case 1: micro_rows_avx512<1>(x + i * lda, lda, tile, nb, kb, ldt, acc + i * ldc, ldc); break;
+    default: break;
+  }
+}
+#endif
+
+void tile_gemm(Kernel kernel, const float* x, int64_t m, int64_t lda, const float* tile, int64_t nb, int64_t kb,
+               int64_t ldt, float* acc, int64_t ldc) {
+  switch (kernel) {
+#if FINEGEMM_WITH_BLAS
+    case Kernel::Blas:
+      if (m == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(nb), static_cast<int>(kb), 1.0f, tile,
+                    static_cast<int>(ldt), x, 1, 1.0f, acc, 1);
+      else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(nb),
+                    static_cast<int>(kb), 1.0f, x, static_cast<int>(lda), tile, static_cast<int>(ldt), 1.0f, acc,
+                    static_cast<int>(ldc));
+      return;
+#endif
+#if FG_HAVE_AVX512_KERNELS
+    case Kernel::Avx512: return tile_gemm_avx512(x, m, lda, tile, nb, kb, ldt, acc, ldc);
+#endif
+    default: return tile_gemm_portable(x, m, lda, tile, nb, kb, ldt, acc, ldc);
+  }
+}
+
+#if FINEGEMM_WITH_BLAS
+// OpenBLAS (the pthread build) would start its own threads inside each of our OpenMP threads: make it
+// single-threaded for the duration of one gemm and put the caller's setting back.
+struct BlasSingleThread {
+  int saved = 0;
+  bool active;
+  explicit BlasSingleThread(bool on) : active(on) {
+    if (!active) return;
+    saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+  }
+  ~BlasSingleThread() {
+    if (active && saved != 1) openblas_set_num_threads(saved);
+  }
+};
+#endif
+
+}  // namespace
+
+void store_row(const Epilogue& ep, int64_t row, int64_t col0, const float* acc, int64_t count) {
+  const float* bias = ep.bias ? ep.bias + col0 : nullptr;
+  const int64_t offset = row * ep.ld + col0;
+  switch (ep.dtype) {
+    case DType::F32: {
+      float* o = static_cast<float*>(ep.out) + offset;
+      for (int64_t j = 0; j < count; ++j) o[j] = acc[j] + (bias ? bias[j] : 0.0f);
+      return;
+    }
+    case DType::BF16: {
+      uint16_t* o = static_cast<uint16_t*>(ep.out) + offset;
+      for (int64_t j = 0; j < count; ++j) o[j] = fmt::bf16_from_float(acc[j] + (bias ? bias[j] : 0.0f));
+      return;
+    }
+    case DType::F16: {
+      uint16_t* o = static_cast<uint16_t*>(ep.out) + offset;
+      for (int64_t j = 0; j < count; ++j) o[j] = fmt::f16_from_float(acc[j] + (bias ? bias[j] : 0.0f));
+      return;
+    }
+    default: throw Error(ErrorKind::Runtime, std::string("out: unsupported dtype ") + dtype_name(ep.dtype));
+  }
+}
+
+void set_kernel(Kernel kernel) {
+  if (!kernel_available(kernel))
+    throw Error(ErrorKind::Runtime, std::string("kernel: ") + kernel_name(kernel) + " is not available on this build/CPU");
+  g_kernel.store(kernel);
+}
+
+Kernel active_kernel() { return resolve_kernel(); }
+
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::Auto: return "auto";
+    case Kernel::Blas: return "openblas";
+    case Kernel::Avx512: return "avx512";
+    case Kernel::Portable: return "portable";
+  }
+  return "?";
+}
+
+bool kernel_available(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::Auto:
+    case Kernel::Portable: return true;
+    case Kernel::Blas: return FINEGEMM_WITH_BLAS != 0;
+    case Kernel::Avx512: return cpu_has_avx512();
+  }
+  return false;
+}
+
+QuantizedWeight quantized_weight(const TensorView& weight, const TensorView& weight_scale, const WeightRecipe& recipe,
+                                 int64_t k, int64_t expert) {
+  QuantizedWeight w;
+  const int lead = expert >= 0 ? 1 : 0;
+  w.n = weight.shape[lead];
+  w.k = k;
+  w.recipe = recipe;
+  const int64_t row_bytes = weight_storage_cols(recipe, k);
+  w.data = weight.ptr<const uint8_t>() + (expert >= 0 ? expert * w.n * row_bytes : 0);
+  const size_t scale_size = dtype_size(weight_scale.dtype);
+  const uint8_t* scale = weight_scale.ptr<const uint8_t>();
+  switch (recipe.granularity) {
+    case WeightGranularity::PerTensor:
+      // [] / [1], or [E] / [E, 1]
+      w.scale = scale + (expert >= 0 ? expert * weight_scale.strides[0] * scale_size : 0);
+      break;
+    case WeightGranularity::PerChannel:
+      // [n] / [n, 1], or [E, n] / [E, n, 1]
+      w.scale = scale + (expert >= 0 ? expert * weight_scale.strides[0] * scale_size : 0);
+      break;
+    case WeightGranularity::Block:
+    case WeightGranularity::MX:
+      w.scale = scale + (expert >= 0 ? expert * weight_scale.strides[0] * scale_size : 0);
+      w.scale_row_stride = weight_scale.shape[weight_scale.ndim - 1];
+      break;
+  }
+  return w;
+}
+
+void gemm(const float* x, int64_t m, int64_t lda, const QuantizedWeight& w, const Epilogue& epilogue) {
+  if (m <= 0 || w.n <= 0) return;
+  const Kernel kernel = resolve_kernel();
+  // The portable kernel also decodes without SIMD: it stands for CPUs without AVX-512 (and tests that path).
+  const bool avx512 = kernel != Kernel::Portable && cpu_has_avx512();
+  const ScaleReader scales = scale_reader(w);
+  const int64_t n_tiles = (w.n + NB - 1) / NB;
+#if FINEGEMM_WITH_BLAS
+  BlasSingleThread blas_guard(kernel == Kernel::Blas);
+#endif
+
+#pragma omp parallel if (n_tiles > 1)
+  {
+    std::vector<float> tile(static_cast<size_t>(NB * KB));
+    std::vector<float> acc(static_cast<size_t>(m * NB));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      const int64_t n0 = t * NB;
+      const int64_t nb = std::min(NB, w.n - n0);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t k0 = 0; k0 < w.k; k0 += KB) {
+        const int64_t kb = std::min(KB, w.k - k0);
+        dequantize_tile(w, scales, n0, nb, k0, kb, tile.data(), KB, avx512);
+        tile_gemm(kernel, x + k0, m, lda, tile.data(), nb, kb, KB, acc.data(), NB);
+      }
+      for (int64_t i = 0; i < m; ++i) store_row(epilogue, i, n0, acc.data() + i * NB, nb);
+    }
+  }
+}
+
+std::vector<float> to_float(const TensorView& t, int64_t offset, int64_t count) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    switch (t.dtype) {
+      case DType::F32: v[i] = t.ptr<const float>()[offset + i]; break;
+      case DType::BF16: v[i] = fmt::bf16_to_float(t.ptr<const uint16_t>()[offset + i]); break;
+      case DType::F16: v[i] = fmt::f16_to_float(t.ptr<const uint16_t>()[offset + i]); break;
+      default: throw Error(ErrorKind::Type, std::string("to_float: unsupported dtype ") + dtype_name(t.dtype));
+    }
+  }
+  return v;
+}
+
+void quantize_dequantize_activations(const TensorView& x, const TensorView& x_scale, const ActivationRecipe& recipe,
+                                     std::vector<float>& xf) {
+  const int64_t m = x.shape[0], k = x.shape[1];
+  xf.resize(static_cast<size_t>(m * k));
+  if (m == 0 || k == 0) return;
+
+  // Per-row scale layout: `cols` scales per row, each covering `group` K columns (static: one for all).
+  int64_t cols = 1, group = k;
+  if (recipe.granularity == ActGranularity::PerTokenGroup) {
+    group = recipe.group_size;
+    cols = k / group;
+  }
+
+  std::vector<uint8_t> q_owned;
+  std::vector<float> s_owned;
+  const uint8_t* q = nullptr;
+  const float* s = nullptr;
+  if (x.dtype == DType::F8_E4M3) {
+    q = x.ptr<const uint8_t>();
+    s = x_scale.ptr<const float>();
+  } else {
+    q_owned.resize(static_cast<size_t>(m * k));
+    if (recipe.is_static()) {
+      s = x_scale.ptr<const float>();
+    } else {
+      s_owned.resize(static_cast<size_t>(m * cols));
+      s = s_owned.data();
+    }
+    // The reference's own quantizer, on row chunks in parallel (rows are independent), so the fast path
+    // makes the same FP8 codes and scales bit for bit.
+    const int64_t chunk = std::max<int64_t>(1, (m + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads()));
+    const int64_t n_chunks = (m + chunk - 1) / chunk;
+    const size_t elem = dtype_size(x.dtype);
+#pragma omp parallel for schedule(static) if (n_chunks > 1 && m * k >= (1 << 16))
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const int64_t r0 = c * chunk, rows = std::min(chunk, m - r0);
+      const TensorView x_rows = TensorView::of(x.ptr<const uint8_t>() + r0 * k * elem, x.dtype, {rows, k});
+      const TensorView q_rows = TensorView::of(q_owned.data() + r0 * k, DType::F8_E4M3, {rows, k});
+      TensorView s_rows;
+      switch (recipe.granularity) {
+        case ActGranularity::PerTokenGroup: s_rows = TensorView::of(s_owned.data() + r0 * cols, DType::F32, {rows, cols}); break;
+        case ActGranularity::PerToken: s_rows = TensorView::of(s_owned.data() + r0, DType::F32, {rows}); break;
+        case ActGranularity::StaticPerTensor: s_rows = x_scale; break;
+      }
+      reference_quantize_activations(x_rows, recipe, q_rows, s_rows);
+    }
+    q = q_owned.data();
+  }
+
+  const float* lut = tables().e4m3;
+  const bool is_static = recipe.is_static();
+#pragma omp parallel for schedule(static) if (m * k >= (1 << 16))
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t g = 0; g < cols; ++g) {
+      const float scale = is_static ? s[0] : s[i * cols + g];
+      const uint8_t* src = q + i * k + g * group;
+      float* dst = xf.data() + i * k + g * group;
+      for (int64_t c = 0; c < group; ++c) dst[c] = lut[src[c]] * scale;
+    }
+  }
+}
+
+}  // namespace finegemm::cpu::fast
