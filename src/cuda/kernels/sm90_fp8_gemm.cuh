@@ -1,0 +1,274 @@
+// The sm_90a FP8 GEMM: y = A·Bᵀ with E4M3 A [M, K] and B [N, K] (both K-major), FP32 accumulation.
+//
+// Structure (one persistent CTA per SM):
+//   - warpgroup kNumConsumers (the last): producer; one thread issues TMA loads of A and B K-blocks (128 wide)
+//     into a kNumStages ring guarded by full/empty mbarriers;
+//   - warpgroups 0..kNumConsumers-1: consumers; each owns 64 rows of the BLOCK_M × BLOCK_N tile and runs
+//     wgmma m64nBLOCK_Nk32. With kPromote, the wgmma result of every `promote_k` slice of K is scaled by the
+//     A (row, group) and B (block row, block) scales and added to FP32 registers: the block-scaled recipes.
+//     Without it, per-tensor/per-channel/per-token scales are folded into the epilogue.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/formats.hpp"
+#include "cuda/kernels/gemm_params.cuh"
+#include "cuda/ptx/ptx.cuh"
+#include "cuda/ptx/wgmma_fp8.cuh"
+#include "cuda/scheduler/gemm_scheduler.cuh"
+
+namespace finegemm::cuda {
+
+inline constexpr int kGemmBlockK = 128;
+
+template <int BLOCK_M, int BLOCK_N, int kNumStages>
+struct GemmSmem {
+  static constexpr int kStageA = BLOCK_M * kGemmBlockK;
+  static constexpr int kStageB = BLOCK_N * kGemmBlockK;
+  static constexpr int kBarriers = 2 * kNumStages * 8;
+  // +1024: the dynamic base is re-aligned to 1024 B for the 128-byte swizzle.
+  static constexpr int kBytes = kNumStages * (kStageA + kStageB) + kBarriers + 1024;
+};
+
+__device__ __forceinline__ float load_b_scale(const GemmParams& p, int block_row, int k_index) {
+  if (p.b_scale_fmt == ScaleFmt::F32)
+    return static_cast<const float*>(p.b_scale)[block_row * p.b_scale_stride_n + k_index];
+  if (p.b_scale_fmt == ScaleFmt::UE8M0)
+    return fmt::ue8m0_to_float(static_cast<const uint8_t*>(p.b_scale)[block_row * p.b_scale_stride_n + k_index]);
+  const int32_t word = static_cast<const int32_t*>(p.b_scale)[block_row * p.b_scale_stride_n + (k_index >> 2)];
+  return fmt::ue8m0_to_float(fmt::ue8m0_unpack(word, k_index & 3));
+}
+
+__device__ __forceinline__ float load_vec(VecMode mode, const float* v, int index) {
+  return mode == VecMode::PerIndex ? v[index] : (mode == VecMode::Scalar ? v[0] : 1.0f);
+}
+
+__device__ __forceinline__ float load_bias(const GemmParams& p, int col) {
+  switch (p.bias_dtype) {
+    case static_cast<int>(OutDType::F32): return static_cast<const float*>(p.bias)[col];
+    case static_cast<int>(OutDType::BF16): return __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col]);
+    case static_cast<int>(OutDType::F16): return __half2float(static_cast<const __half*>(p.bias)[col]);
+    default: return 0.0f;
+  }
+}
+
+__device__ __forceinline__ void store_pair(const GemmParams& p, int row, int col, float v0, float v1) {
+  const int64_t offset = static_cast<int64_t>(row) * p.ldo + col;
+  switch (p.out_dtype) {
+    case OutDType::F32: *reinterpret_cast<float2*>(static_cast<float*>(p.out) + offset) = make_float2(v0, v1); break;
+    case OutDType::BF16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + offset) = __floats2bfloat162_rn(v0, v1);
+      break;
+    case OutDType::F16:
+      *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + offset) = __floats2half2_rn(v0, v1);
+      break;
+  }
+}
+
+template <int BLOCK_M, int BLOCK_N, int kNumStages, bool kPromote, typename Scheduler>
+__global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
+    sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                         const GemmParams p, const Scheduler scheduler) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M: one or two consumer warpgroups of 64 rows");
+  static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a wgmma N (multiple of 16, at most 256)");
+  constexpr int kNumConsumers = BLOCK_M / 64;
+  constexpr int kNumAccum = BLOCK_N / 2;
+  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages>;
+  using Mma = ptx::WgmmaFp8<BLOCK_N>;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* smem_a = smem;
+  uint8_t* smem_b = smem + kNumStages * Smem::kStageA;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_b + kNumStages * Smem::kStageB);
+  uint64_t* empty = full + kNumStages;
+
+  const int warpgroup = threadIdx.x / 128;
+  const int lane = threadIdx.x % 32;
+
+  // Barriers: full[s] completes on the producer's expect_tx plus the TMA bytes; empty[s] on one arrive per
+  // consumer warp.
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kNumStages; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], kNumConsumers * 4);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int num_tiles = scheduler.num_tiles();
+
+  if (warpgroup == kNumConsumers) {
+    // ---------------- Producer warpgroup: TMA loads.
+    ptx::setmaxnreg_dec<40>();
+    if (threadIdx.x % 128 == 0) {
+      ptx::prefetch_tensor_map(&tma_a);
+      ptx::prefetch_tensor_map(&tma_b);
+      uint32_t iter = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const TileInfo tile = scheduler.tile(t);
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+          const int stage = iter % kNumStages;
+          // Wait until the consumers released this stage (passes at once on the first lap).
+          ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
+          ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB);
+          ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_block * BLOCK_M);
+          ptx::tma_load_2d(smem_b + stage * Smem::kStageB, &tma_b, &full[stage], kb * kGemmBlockK, tile.n_block * BLOCK_N);
+        }
+      }
+    }
+  } else {
+    // ---------------- Consumer warpgroups: wgmma, promotion, epilogue.
+    ptx::setmaxnreg_inc<232>();
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32;
+    const int row_in_wg = warp * 16 + lane / 4;  // this thread's rows: row_in_wg and row_in_wg + 8
+    const int col_in_chunk = (lane % 4) * 2;     // and +1, in every 8-column chunk
+
+    float acc[kNumAccum];
+    float total[kPromote ? kNumAccum : 1];
+    uint32_t iter = 0;
+
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const TileInfo tile = scheduler.tile(t);
+      const int row0 = tile.m_block * BLOCK_M + warpgroup * 64 + row_in_wg;
+      const int row1 = row0 + 8;
+      const int col_base = tile.n_block * BLOCK_N;
+      // Rows past M read a valid row's scale; their results are never stored.
+      const int scale_row0 = min(row0, p.m - 1), scale_row1 = min(row1, p.m - 1);
+      const bool b_uniform = p.b_block_n % BLOCK_N == 0;
+      if constexpr (kPromote) {
+#pragma unroll
+        for (int i = 0; i < kNumAccum; ++i) total[i] = 0.0f;
+      }
+
+      for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+        const int stage = iter % kNumStages;
+        // Wait for the stage's TMA loads.
+        ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
+        const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
+        const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
+
+        if constexpr (kPromote) {
+          const int steps = p.promote_k / 32;
+          for (int k0 = 0; k0 < kGemmBlockK; k0 += p.promote_k) {
+            const int k_global = kb * kGemmBlockK + k0;
+            // Scales of this K slice (loads overlap the wgmma below).
+            float sa0 = 1.0f, sa1 = 1.0f;
+            if (p.a_scale) {
+              const int g = k_global / p.a_group;
+              sa0 = p.a_scale[scale_row0 * p.a_scale_stride_m + g * p.a_scale_stride_k];
+              sa1 = p.a_scale[scale_row1 * p.a_scale_stride_m + g * p.a_scale_stride_k];
+            }
+            const int kb_scale = min(k_global / p.b_block_k, p.b_scale_cols - 1);
+            float sb_uniform = 1.0f;
+            if (p.b_scale && b_uniform) sb_uniform = load_b_scale(p, col_base / p.b_block_n, kb_scale);
+
+            ptx::fence_operands(acc);
+            ptx::wgmma_fence();
+            for (int s = 0; s < steps; ++s) {
+              const uint64_t advance = static_cast<uint64_t>(((k0 + s * 32) >> 4));
+              Mma::mma(desc_a + advance, desc_b + advance, acc, s > 0);
+            }
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+            ptx::fence_operands(acc);
+
+            // Promote: total += acc · sa · sb.
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c) {
+              float sb = sb_uniform;
+              if (p.b_scale && !b_uniform) {
+                const int col = min(col_base + c * 8 + col_in_chunk, p.n - 1);
+                sb = load_b_scale(p, col / p.b_block_n, kb_scale);
+              }
+              const float f0 = sa0 * sb, f1 = sa1 * sb;
+              total[c * 4 + 0] = fmaf(acc[c * 4 + 0], f0, total[c * 4 + 0]);
+              total[c * 4 + 1] = fmaf(acc[c * 4 + 1], f0, total[c * 4 + 1]);
+              total[c * 4 + 2] = fmaf(acc[c * 4 + 2], f1, total[c * 4 + 2]);
+              total[c * 4 + 3] = fmaf(acc[c * 4 + 3], f1, total[c * 4 + 3]);
+            }
+          }
+        } else {
+          ptx::fence_operands(acc);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int s = 0; s < kGemmBlockK / 32; ++s)
+            Mma::mma(desc_a + (s * 32 >> 4), desc_b + (s * 32 >> 4), acc, kb > tile.kb_begin || s > 0);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<0>();
+          ptx::fence_operands(acc);
+        }
+        // Release the stage to the producer: one arrive per warp.
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+      }
+
+      if constexpr (!kPromote) {
+        if (tile.kb_begin >= tile.kb_end) {
+          // An empty K range (K = 0) contributes zeros.
+#pragma unroll
+          for (int i = 0; i < kNumAccum; ++i) acc[i] = 0.0f;
+        }
+      }
+
+      // Epilogue: scales, bias, store (or the split-K partial).
+      // NOTE: a lambda over a reference to the register array keeps it in registers (a pointer would spill it).
+      auto epilogue = [&](const float(&result)[kNumAccum]) {
+        if (p.workspace) {
+          float* part = p.workspace + static_cast<int64_t>(tile.split) * p.m * p.n;
+#pragma unroll
+          for (int c = 0; c < BLOCK_N / 8; ++c) {
+            const int col = col_base + c * 8 + col_in_chunk;
+            if (col >= p.n) continue;
+            if (row0 < p.m)
+              *reinterpret_cast<float2*>(part + static_cast<int64_t>(row0) * p.n + col) = make_float2(result[c * 4], result[c * 4 + 1]);
+            if (row1 < p.m)
+              *reinterpret_cast<float2*>(part + static_cast<int64_t>(row1) * p.n + col) = make_float2(result[c * 4 + 2], result[c * 4 + 3]);
+          }
+          return;
+        }
+        const float rs0 = load_vec(p.row_mode, p.row_scale, scale_row0);
+        const float rs1 = load_vec(p.row_mode, p.row_scale, scale_row1);
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 8; ++c) {
+          const int col = col_base + c * 8 + col_in_chunk;
+          if (col >= p.n) continue;  // N is a multiple of 16, so col + 1 < N too
+          const float cs0 = load_vec(p.col_mode, p.col_scale, col), cs1 = load_vec(p.col_mode, p.col_scale, col + 1);
+          const float b0 = load_bias(p, col), b1 = load_bias(p, col + 1);
+          if (row0 < p.m) store_pair(p, row0, col, result[c * 4] * rs0 * cs0 + b0, result[c * 4 + 1] * rs0 * cs1 + b1);
+          if (row1 < p.m) store_pair(p, row1, col, result[c * 4 + 2] * rs1 * cs0 + b0, result[c * 4 + 3] * rs1 * cs1 + b1);
+        }
+      };
+      if constexpr (kPromote) epilogue(total);
+      else epilogue(acc);
+    }
+  }
+#else
+  if (threadIdx.x == 0) printf("finegemm: sm90_fp8_gemm_kernel needs an sm_90a GPU\n");
+  __trap();
+#endif
+}
+
+// Split-K finish: out = Σ_split part[split] (in order: deterministic) · row · col scales + bias.
+__global__ void splitk_reduce_kernel(const GemmParams p, int split_k) {
+  const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i * 2;
+    const int row = static_cast<int>(e / p.n), col = static_cast<int>(e % p.n);
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int s = 0; s < split_k; ++s) {
+      const float2 v = *reinterpret_cast<const float2*>(p.workspace + static_cast<int64_t>(s) * p.m * p.n + e);
+      v0 += v.x;
+      v1 += v.y;
+    }
+    const float rs = load_vec(p.row_mode, p.row_scale, row);
+    store_pair(p, row, col, v0 * rs * load_vec(p.col_mode, p.col_scale, col) + load_bias(p, col),
+               v1 * rs * load_vec(p.col_mode, p.col_scale, col + 1) + load_bias(p, col + 1));
+  }
+}
+
+}  // namespace finegemm::cuda

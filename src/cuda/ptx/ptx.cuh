@@ -1,0 +1,83 @@
+// Thin wrappers over the sm_90 instructions the kernels use. TMA and mbarrier go through CCCL's cuda::ptx;
+// wgmma (not covered there) and setmaxnreg are inline PTX.
+#pragma once
+#include <cuda.h>  // CUtensorMap (types only: the driver is reached through the runtime's entry points)
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace finegemm::cuda::ptx {
+namespace cp = ::cuda::ptx;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) { cp::mbarrier_init(bar, count); }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!cp::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { (void)cp::mbarrier_arrive(bar); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  (void)cp::mbarrier_arrive_expect_tx(cp::sem_release, cp::scope_cta, cp::space_shared, bar, bytes);
+}
+// Make freshly initialised barriers visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Generic-proxy shared-memory writes that TMA or wgmma read next need this before the barrier.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- TMA
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+  const int32_t coords[2] = {c0, c1};
+  cp::cp_async_bulk_tensor(cp::space_cluster, cp::space_global, dst, map, coords, bar);
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  const int32_t coords[3] = {c0, c1, c2};
+  cp::cp_async_bulk_tensor(cp::space_cluster, cp::space_global, dst, map, coords, bar);
+}
+
+// ---- wgmma
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  static_assert(kPending >= 0 && kPending <= 7, "wgmma.wait_group takes 0..7");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator accesses across wgmma fences/waits.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024 B apart.
+// The tile base must be 1024-byte aligned; stepping along K adds bytes/16 to the low word.
+__device__ __forceinline__ uint64_t make_desc_k_major_sw128(const void* smem_ptr) {
+  const uint64_t addr = smem_addr(smem_ptr);
+  uint64_t desc = (addr & 0x3FFFFull) >> 4;  // start address
+  desc |= 1ull << 16;                        // leading byte offset (unused for swizzled K-major)
+  desc |= (1024ull >> 4) << 32;              // stride byte offset: next 8-row group
+  desc |= 1ull << 62;                        // 128B swizzle
+  return desc;
+}
+
+// ---- register reallocation between warpgroups
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+}  // namespace finegemm::cuda::ptx

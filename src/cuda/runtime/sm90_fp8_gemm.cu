@@ -1,0 +1,151 @@
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "cuda/kernels/sm90_fp8_gemm.cuh"
+#include "cuda/runtime/check.hpp"
+#include "cuda/runtime/sm90_fp8_gemm.hpp"
+
+namespace finegemm::cuda {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    FG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || !fn)
+      throw Error(ErrorKind::Runtime, "CUDA driver: cuTensorMapEncodeTiled is not available");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  });
+  return encode;
+}
+
+// A 2-D byte tensor [rows, cols] with row stride `ld` bytes, loaded in boxes of box_rows × 128 bytes, 128B swizzle.
+CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kGemmBlockK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(ptr), dims, strides,
+                                          box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(ErrorKind::Runtime, "cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
+                                        ") for a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] tensor");
+  return map;
+}
+
+int num_sms_of_current_device() {
+  int device = 0, sms = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  FG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+template <int BLOCK_M, int BLOCK_N, int kStages, bool kPromote>
+void launch_config(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p,
+                   const NormalScheduler& sched, int grid, cudaStream_t stream) {
+  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromote, NormalScheduler>;
+  constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages>::kBytes;
+  // The shared-memory attribute is per device: set it once on each device this process launches on.
+  static std::atomic<uint64_t> devices_set{0};
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = 1ull << (device & 63);
+  if (!(devices_set.load(std::memory_order_relaxed) & bit)) {
+    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    devices_set.fetch_or(bit);
+  }
+  kernel<<<grid, 128 * (BLOCK_M / 64 + 1), kSmem, stream>>>(tma_a, tma_b, p, sched);
+  FG_CUDA_CHECK(cudaGetLastError());
+}
+
+// The compiled tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
+template <bool kPromote>
+void dispatch_config(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
+                     const NormalScheduler& s, cudaStream_t stream) {
+  if (c.block_m == 64 && c.block_n == 64) return launch_config<64, 64, 12, kPromote>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 64 && c.block_n == 128) return launch_config<64, 128, 8, kPromote>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 64) return launch_config<128, 64, 8, kPromote>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 128) return launch_config<128, 128, 6, kPromote>(a, b, p, s, c.grid, stream);
+  throw Error("gemm config: no compiled kernel for " + c.describe());
+}
+
+int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+std::string GemmConfig::describe() const {
+  return std::to_string(block_m) + "x" + std::to_string(block_n) + " stages=" + std::to_string(stages) +
+         " split_k=" + std::to_string(split_k) + " grid=" + std::to_string(grid);
+}
+
+GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
+  (void)promote;
+  GemmConfig c;
+  c.block_m = m <= 64 ? 64 : 128;
+  const int num_kb = std::max(1, ceil_div(k, kGemmBlockK));
+  // Narrow tiles when the wide ones would leave most SMs idle.
+  const int tiles128 = ceil_div(m, c.block_m) * ceil_div(n, 128);
+  c.block_n = tiles128 >= num_sms / 2 ? 128 : 64;
+  if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
+    int bm = 0, bn = 0, split = 0;
+    const int got = std::sscanf(forced, "%dx%d:%d", &bm, &bn, &split);
+    if (got >= 2) {
+      c.block_m = bm;
+      c.block_n = bn;
+    }
+    if (got == 3) c.split_k = split;
+  }
+  c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : 6);
+  const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
+  // Split K when the tiles cannot fill the GPU (decode): each split keeps ≥ 2 K blocks.
+  if (c.split_k <= 1 && tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
+  c.split_k = std::max(1, std::min(c.split_k, num_kb));
+  c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
+  c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
+  c.grid = std::min(num_sms, tiles * c.split_k);
+  if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
+    std::fprintf(stderr, "finegemm: gemm M=%d N=%d K=%d promote=%d -> %s\n", m, n, k, promote ? 1 : 0, c.describe().c_str());
+  return c;
+}
+
+void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {
+  if (p.m == 0 || p.n == 0) return;
+  const bool promote = p.a_scale != nullptr || p.b_scale != nullptr;
+  const GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote, num_sms_of_current_device());
+  const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, c.block_m);
+  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, c.block_n);
+  NormalScheduler sched;
+  sched.num_m_blocks = ceil_div(p.m, c.block_m);
+  sched.num_n_blocks = ceil_div(p.n, c.block_n);
+  sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
+  sched.split_k = c.split_k;
+  sched.k_blocks_per_split = c.k_blocks_per_split;
+
+  float* workspace = nullptr;
+  if (c.split_k > 1) {
+    FG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&workspace),
+                                  sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n, stream));
+    p.workspace = workspace;
+  }
+  if (promote) dispatch_config<true>(c, tma_a, tma_b, p, sched, stream);
+  else dispatch_config<false>(c, tma_a, tma_b, p, sched, stream);
+  if (workspace) {
+    const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
+    const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
+    splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(p, c.split_k);
+    FG_CUDA_CHECK(cudaGetLastError());
+    FG_CUDA_CHECK(cudaFreeAsync(workspace, stream));
+  }
+}
+
+}  // namespace finegemm::cuda
