@@ -1,0 +1,151 @@
+// CUDA linear and activation quantization against the CPU reference, for every recipe, on fresh random data with
+// poisoned outputs. Skips itself when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "core/device_buffer.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "testing.hpp"
+
+namespace finegemm {
+namespace {
+
+using testing::Buffer;
+
+constexpr Device kGpu{DeviceType::CUDA, 0};
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+struct LinearCase {
+  Buffer x, x_scale, w, w_scale, bias, out;
+  LinearArgs args;
+};
+
+// Random bf16 activations and fp32 master weights quantized per the recipe on the CPU.
+LinearCase make_case(const NamedRecipe& recipe, int64_t m, int64_t n, int64_t k, DType x_dtype, DType out_dtype,
+                     bool with_bias) {
+  LinearCase c;
+  c.x = testing::random_tensor(x_dtype, {m, k});
+  Buffer w_master = testing::random_tensor(DType::F32, {n, k}, 0.05f);
+  c.w = Buffer(recipe.weight.element == ElementType::FP4_E2M1 ? DType::U8 : DType::F8_E4M3,
+               {n, weight_storage_cols(recipe.weight, k)});
+  c.w_scale = Buffer(weight_scale_dtype(recipe.weight), weight_scale_shape(recipe.weight, n, k));
+  quantize_weights(w_master, recipe.weight, c.w, c.w_scale);
+  if (recipe.activation.is_static()) {
+    c.x_scale = Buffer(DType::F32, {});
+    *c.x_scale.ptr<float>() = 4.0f / 448.0f;  // a calibration amax of 4 (normal data rarely exceeds it)
+  }
+  if (with_bias) c.bias = testing::random_tensor(DType::F32, {n});
+  c.out = Buffer(out_dtype, {m, n});
+  c.args.x = c.x;
+  c.args.x_scale = c.x_scale.view.defined() ? c.x_scale.view : TensorView{};
+  c.args.activation = recipe.activation;
+  c.args.weight = c.w;
+  c.args.weight_scale = c.w_scale;
+  c.args.weight_recipe = recipe.weight;
+  c.args.bias = with_bias ? c.bias.view : TensorView{};
+  c.args.out = c.out;
+  return c;
+}
+
+// Runs args on the GPU (copies in, poisons the output, runs, copies out) and returns the host output.
+Buffer run_on_gpu(const LinearArgs& host_args) {
+  auto x = to_device(host_args.x, kGpu), xs = to_device(host_args.x_scale, kGpu), w = to_device(host_args.weight, kGpu),
+       ws = to_device(host_args.weight_scale, kGpu), b = to_device(host_args.bias, kGpu);
+  Buffer out(host_args.out.dtype, host_args.out.sizes());
+  testing::poison(out);
+  auto d_out = to_device(out, kGpu);
+  LinearArgs a = host_args;
+  a.x = x.view;
+  a.x_scale = xs.view;
+  a.weight = w.view;
+  a.weight_scale = ws.view;
+  a.bias = b.view;
+  a.out = d_out.view;
+  linear(a);
+  synchronize(kGpu);
+  copy_to_host(d_out.view, out);
+  return out;
+}
+
+double tolerance(DType out) { return out == DType::F32 ? 1e-3 : 3e-3; }
+
+class CudaLinearRecipes : public CudaTest, public ::testing::WithParamInterface<std::tuple<int, int>> {};
+
+TEST_P(CudaLinearRecipes, MatchesReference) {
+  const auto recipes = all_recipes();
+  const auto [recipe_index, shape_index] = GetParam();
+  const NamedRecipe& recipe = recipes[recipe_index];
+  // (M, N, K): decode, tails in M and N, several K blocks, a K that is not a multiple of 128 where allowed.
+  const int64_t shapes[][3] = {{1, 256, 512}, {37, 320, 1024}, {130, 576, 2048}, {64, 2112, 7168}, {300, 1024, 384}};
+  const auto [m, n, k] = std::tuple{shapes[shape_index][0], shapes[shape_index][1], shapes[shape_index][2]};
+  for (DType out_dtype : {DType::BF16, DType::F32}) {
+    LinearCase c = make_case(recipe, m, n, k, DType::BF16, out_dtype, shape_index % 2 == 1);
+    Buffer ref(out_dtype, {m, n});
+    LinearArgs ref_args = c.args;
+    ref_args.out = ref;
+    linear(ref_args, {Backend::Reference});
+    const Buffer got = run_on_gpu(c.args);
+    const auto cmp = testing::compare(got, ref);
+    EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k;
+    EXPECT_LE(cmp.rel, tolerance(out_dtype)) << recipe.name << " M=" << m << " N=" << n << " K=" << k
+                                             << " out=" << dtype_name(out_dtype);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRecipes, CudaLinearRecipes,
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(all_recipes().size())),
+                                            ::testing::Range(0, 5)));
+
+TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
+  const auto recipe = all_recipes()[0];  // block 128×128, group 128
+  const int64_t m = 77, n = 384, k = 1536;
+  LinearCase c = make_case(recipe, m, n, k, DType::F16, DType::F16, true);
+  // Quantize x on the CPU, hand the GPU E4M3 activations with their scales.
+  Buffer xq(DType::F8_E4M3, {m, k}), xs(DType::F32, activation_scale_shape(recipe.activation, m, k));
+  quantize_activations(c.x, recipe.activation, xq, xs);
+  LinearArgs pre = c.args;
+  pre.x = xq;
+  pre.x_scale = xs;
+  Buffer ref(DType::F16, {m, n});
+  LinearArgs ref_args = pre;
+  ref_args.out = ref;
+  linear(ref_args, {Backend::Reference});
+  const auto cmp = testing::compare(run_on_gpu(pre), ref);
+  EXPECT_EQ(cmp.non_finite, 0);
+  EXPECT_LE(cmp.rel, 3e-3);
+}
+
+TEST_F(CudaTest, QuantizeActivationsBitExact) {
+  for (const auto& recipe : {ActivationRecipe::per_token_group(128), ActivationRecipe::per_token_group(32, true),
+                             ActivationRecipe::per_token(), ActivationRecipe::static_per_tensor()}) {
+    const int64_t m = 45, k = 2048;
+    Buffer x = testing::random_tensor(DType::BF16, {m, k});
+    Buffer q_ref(DType::F8_E4M3, {m, k}), s_ref;
+    s_ref = recipe.is_static() ? Buffer(DType::F32, {}) : Buffer(DType::F32, activation_scale_shape(recipe, m, k));
+    if (recipe.is_static()) *s_ref.ptr<float>() = 3.0f / 448.0f;
+    quantize_activations(x, recipe, q_ref, s_ref);
+
+    auto dx = to_device(x, kGpu);
+    Buffer q(DType::F8_E4M3, {m, k}), s(s_ref.view.dtype, s_ref.view.sizes());
+    testing::poison(q);
+    if (recipe.is_static()) *s.ptr<float>() = *s_ref.ptr<float>();
+    else testing::poison(s);
+    auto dq = to_device(q, kGpu), ds = to_device(s, kGpu);
+    quantize_activations(dx.view, recipe, dq.view, ds.view);
+    synchronize(kGpu);
+    copy_to_host(dq.view, q);
+    copy_to_host(ds.view, s);
+    EXPECT_EQ(0, std::memcmp(q.bytes.data(), q_ref.bytes.data(), m * k)) << recipe.name();
+    EXPECT_EQ(0, std::memcmp(s.bytes.data(), s_ref.bytes.data(), s.numel() * 4)) << recipe.name();
+  }
+}
+
+}  // namespace
+}  // namespace finegemm
