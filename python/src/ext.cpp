@@ -333,7 +333,7 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::quantize_activations(x_view, recipe, x_q_view, scale, run_options(backend, stream));
       },
-      "x"_a, "recipe"_a, "x_q"_a, "x_scale"_a, nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
+      "x"_a.none(), "recipe"_a, "x_q"_a.none(), "x_scale"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
   m.def(
       "quantize_weights",
       [](nb::handle w, const fg::WeightRecipe& recipe, nb::handle w_q, nb::handle w_scale, fg::Backend backend,
@@ -344,7 +344,7 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::quantize_weights(w_view, recipe, w_q_view, scale, run_options(backend, stream));
       },
-      "w"_a, "recipe"_a, "w_q"_a, "w_scale"_a, nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
+      "w"_a.none(), "recipe"_a, "w_q"_a.none(), "w_scale"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
   m.def(
       "dequantize_weights",
       [](nb::handle w_q, nb::handle w_scale, const fg::WeightRecipe& recipe, nb::handle w, fg::Backend backend,
@@ -355,7 +355,7 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::dequantize_weights(w_q_view, scale, recipe, w_view, run_options(backend, stream));
       },
-      "w_q"_a, "w_scale"_a, "recipe"_a, "w"_a, nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
+      "w_q"_a.none(), "w_scale"_a.none(), "recipe"_a, "w"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
   m.def(
       "linear",
       [](nb::handle x, nb::handle weight, nb::handle weight_scale, nb::handle out_array,
@@ -374,8 +374,8 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::linear(args, run_options(backend, stream));
       },
-      "x"_a, "weight"_a, "weight_scale"_a, "out"_a, nb::kw_only(), "weight_recipe"_a, "activation"_a,
-      "x_scale"_a = nb::none(), "bias"_a = nb::none(), "backend"_a = fg::Backend::Auto, "stream"_a = 0,
+      "x"_a.none(), "weight"_a.none(), "weight_scale"_a.none(), "out"_a.none(), nb::kw_only(), "weight_recipe"_a, "activation"_a,
+      "x_scale"_a.none() = nb::none(), "bias"_a.none() = nb::none(), "backend"_a = fg::Backend::Auto, "stream"_a = 0,
       "out = dequant(x) @ dequant(weight).T (+ bias), written into `out` [M, N].");
   m.def(
       "moe_experts",
@@ -408,9 +408,9 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::moe_experts(args, run_options(backend, stream));
       },
-      "hidden"_a, "top_k_index"_a, "top_k_weights"_a, "gate_up"_a, "gate_up_scale"_a, "down"_a, "down_scale"_a,
-      "out"_a, nb::kw_only(), "weight_recipe"_a, "activation_recipe"_a, "gate_up_act_scale"_a = nb::none(),
-      "down_act_scale"_a = nb::none(), "gate_up_bias"_a = nb::none(), "down_bias"_a = nb::none(),
+      "hidden"_a.none(), "top_k_index"_a.none(), "top_k_weights"_a.none(), "gate_up"_a.none(), "gate_up_scale"_a.none(), "down"_a.none(), "down_scale"_a.none(),
+      "out"_a.none(), nb::kw_only(), "weight_recipe"_a, "activation_recipe"_a, "gate_up_act_scale"_a.none() = nb::none(),
+      "down_act_scale"_a.none() = nb::none(), "gate_up_bias"_a.none() = nb::none(), "down_bias"_a.none() = nb::none(),
       "activation"_a = fg::MoeActivation::SwiGLU, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 1.702f,
       "interleaved_gate_up"_a = false, "backend"_a = fg::Backend::Auto, "stream"_a = 0,
       "The Mixture-of-Experts block of transformers' FP8Experts, written into `out` [T, H].");
