@@ -119,22 +119,28 @@ LinearRun make_linear(const NamedRecipe& recipe, const LinearCase& c) {
 
 double tolerance(DType out) { return out == DType::F32 ? 1e-3 : 3e-3; }
 
+// The reference once, then the fast path with every available micro-kernel.
 void check_linear(const NamedRecipe& recipe, const LinearCase& c) {
   SCOPED_TRACE(recipe.name + " M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
                " x=" + dtype_name(c.x_dtype) + " out=" + dtype_name(c.out_dtype) + (c.bias ? " +bias" : ""));
   LinearRun run = make_linear(recipe, c);
-  Buffer out(c.out_dtype, {c.m, c.n}), ref(c.out_dtype, {c.m, c.n});
-  poison(out);
+  Buffer ref(c.out_dtype, {c.m, c.n});
   poison(ref);
   run.args.out = ref;
   linear(run.args, kRef);
-  run.args.out = out;
-  linear(run.args, kFast);
-  const testing::Comparison cmp = compare(out, ref);
-  EXPECT_EQ(cmp.non_finite, 0);
-  EXPECT_LE(cmp.rel, tolerance(c.out_dtype));
-  // Both sides multiply the same FP8 codes: with fp32 output only the fp32 accumulation differs.
-  if (c.out_dtype == DType::F32) EXPECT_LE(cmp.rel, 2e-6);
+  for (fast::Kernel kernel : kernels()) {
+    SCOPED_TRACE(std::string("kernel ") + fast::kernel_name(kernel));
+    KernelScope scope(kernel);
+    Buffer out(c.out_dtype, {c.m, c.n});
+    poison(out);
+    run.args.out = out;
+    linear(run.args, kFast);
+    const testing::Comparison cmp = compare(out, ref);
+    EXPECT_EQ(cmp.non_finite, 0);
+    EXPECT_LE(cmp.rel, tolerance(c.out_dtype));
+    // Both sides multiply the same FP8 codes: with fp32 output only the fp32 accumulation differs.
+    if (c.out_dtype == DType::F32) EXPECT_LE(cmp.rel, 2e-6);
+  }
 }
 
 TEST(CpuFastLinear, EveryRecipeEveryKernelMatchesReference) {
@@ -144,12 +150,8 @@ TEST(CpuFastLinear, EveryRecipeEveryKernelMatchesReference) {
       {33, 64, 384, DType::F16, DType::F16, true},        // M past the 4-row micro-tile, N one tile exactly
       {2, 1, 128, DType::BF16, DType::F32, false},        // N = 1
   };
-  for (fast::Kernel kernel : kernels()) {
-    SCOPED_TRACE(std::string("kernel ") + fast::kernel_name(kernel));
-    KernelScope scope(kernel);
-    for (const NamedRecipe& recipe : all_recipes())
-      for (const LinearCase& c : cases) check_linear(recipe, c);
-  }
+  for (const NamedRecipe& recipe : all_recipes())
+    for (const LinearCase& c : cases) check_linear(recipe, c);
 }
 
 TEST(CpuFastLinear, PrequantizedActivations) {
@@ -183,22 +185,27 @@ TEST(CpuFastLinear, PrequantizedActivations) {
 
 TEST(CpuFastLinear, SameBitsEveryRunAndThreadCount) {
   const NamedRecipe recipe = all_recipes().front();
-  LinearRun run = make_linear(recipe, {19, 300, 768, DType::BF16, DType::F32, true});
-  Buffer first(DType::F32, {19, 300}), again(DType::F32, {19, 300}), one_thread(DType::F32, {19, 300});
-  poison(first);
-  poison(again);
-  poison(one_thread);
-  run.args.out = first;
-  linear(run.args, kFast);
-  run.args.out = again;
-  linear(run.args, kFast);
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  run.args.out = one_thread;
-  linear(run.args, kFast);
-  omp_set_num_threads(threads);
-  EXPECT_TRUE(same_bytes(first, again));
-  EXPECT_TRUE(same_bytes(first, one_thread));
+  // 19 x 300 x 1024: above the size where the tile loop goes parallel.
+  LinearRun run = make_linear(recipe, {19, 300, 1024, DType::BF16, DType::F32, true});
+  for (fast::Kernel kernel : kernels()) {
+    SCOPED_TRACE(std::string("kernel ") + fast::kernel_name(kernel));
+    KernelScope scope(kernel);
+    Buffer first(DType::F32, {19, 300}), again(DType::F32, {19, 300}), one_thread(DType::F32, {19, 300});
+    poison(first);
+    poison(again);
+    poison(one_thread);
+    run.args.out = first;
+    linear(run.args, kFast);
+    run.args.out = again;
+    linear(run.args, kFast);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    run.args.out = one_thread;
+    linear(run.args, kFast);
+    omp_set_num_threads(threads);
+    EXPECT_TRUE(same_bytes(first, again));
+    EXPECT_TRUE(same_bytes(first, one_thread));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -284,16 +291,21 @@ void check_moe(const NamedRecipe& recipe, const MoeCase& c) {
                " act=" + moe_activation_name(c.activation) + (c.interleaved ? " interleaved" : "") +
                (c.biases ? " +biases" : "") + " all_to=" + std::to_string(c.all_to));
   MoeRun run = make_moe(recipe, c);
-  Buffer out(c.out_dtype, {c.tokens, c.hidden}), ref(c.out_dtype, {c.tokens, c.hidden});
-  poison(out);
+  Buffer ref(c.out_dtype, {c.tokens, c.hidden});
   poison(ref);
   run.args.out = ref;
   moe_experts(run.args, kRef);
-  run.args.out = out;
-  moe_experts(run.args, kFast);
-  const testing::Comparison cmp = compare(out, ref);
-  EXPECT_EQ(cmp.non_finite, 0);
-  EXPECT_LE(cmp.rel, 1e-2);
+  for (fast::Kernel kernel : kernels()) {
+    SCOPED_TRACE(std::string("kernel ") + fast::kernel_name(kernel));
+    KernelScope scope(kernel);
+    Buffer out(c.out_dtype, {c.tokens, c.hidden});
+    poison(out);
+    run.args.out = out;
+    moe_experts(run.args, kFast);
+    const testing::Comparison cmp = compare(out, ref);
+    EXPECT_EQ(cmp.non_finite, 0);
+    EXPECT_LE(cmp.rel, 1e-2);
+  }
 }
 
 TEST(CpuFastMoe, EveryRecipeMatchesReference) {
@@ -350,7 +362,7 @@ TEST(CpuFastMoe, RoutingEdgeCases) {
 TEST(CpuFastMoe, SameBitsEveryRunAndThreadCount) {
   for (const NamedRecipe& recipe : {all_recipes().front(), all_recipes()[12]}) {
     SCOPED_TRACE(recipe.name);
-    MoeCase c{33, 256, 128, 4, 3};
+    MoeCase c{64, 512, 256, 4, 3};  // ~48 rows per expert: big enough for the gemms to go parallel
     c.biases = true;
     MoeRun run = make_moe(recipe, c);
     Buffer first(DType::F32, {c.tokens, c.hidden}), again(DType::F32, {c.tokens, c.hidden}),

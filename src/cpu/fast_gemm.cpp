@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/formats.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -35,6 +38,7 @@
 // we link is OpenBLAS (CMake asks FindBLAS for that vendor).
 extern "C" void openblas_set_num_threads(int num_threads);
 extern "C" int openblas_get_num_threads(void);
+extern "C" char* openblas_get_corename(void);
 #endif
 
 namespace finegemm::cpu::fast {
@@ -43,6 +47,7 @@ namespace {
 // NOTE: tile sizes measured on 2 Sapphire Rapids cores (bench_cpu_linear): 64 weight rows x 512 K per tile.
 constexpr int64_t NB = 64;   // weight rows (output columns) per task
 constexpr int64_t KB = 512;  // K panel dequantized at once; multiple of 32 so FP4 bytes and MX groups align
+constexpr double kParallelMinMacs = 4.0e6;  // below this a gemm runs on the calling thread
 
 // ---- Decode tables.
 struct Tables {
@@ -72,11 +77,50 @@ bool cpu_has_avx512() {
 
 std::atomic<Kernel> g_kernel{Kernel::Auto};
 
+// Whether OpenBLAS runs its AVX-512 sgemm. NOTE: OpenBLAS 0.3.21 (Debian 12) does not know Emerald Rapids
+// (family 6 model 207) and falls back to its Prescott (SSE3) kernels: sgemm at 7-15 GFLOPS on 2 cores instead
+// of ~110, slower than our own AVX-512 micro-kernel. OPENBLAS_CORETYPE=SkylakeX fixes it from outside.
+bool blas_is_avx512() {
+#if FINEGEMM_WITH_BLAS
+  static const bool is = [] {
+    const char* name = openblas_get_corename();
+    if (name == nullptr) return false;
+    std::string core(name);
+    for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+  }();
+  return is;
+#else
+  return false;
+#endif
+}
+
+// FINEGEMM_CPU_KERNEL=blas|avx512|portable overrides the automatic choice.
+Kernel kernel_from_env() {
+  static const Kernel k = [] {
+    const char* v = std::getenv("FINEGEMM_CPU_KERNEL");
+    if (v == nullptr || *v == 0) return Kernel::Auto;
+    const std::string s(v);
+    for (Kernel c : {Kernel::Blas, Kernel::Avx512, Kernel::Portable})
+      if (s == kernel_name(c) || (s == "blas" && c == Kernel::Blas)) {
+        if (!kernel_available(c))
+          throw Error(ErrorKind::Runtime, "FINEGEMM_CPU_KERNEL: " + s + " is not available on this build/CPU");
+        return c;
+      }
+    throw Error("FINEGEMM_CPU_KERNEL: expected blas, avx512 or portable, got '" + s + "'");
+  }();
+  return k;
+}
+
+// OpenBLAS when it runs a kernel as good as the CPU allows, else our AVX-512 micro-kernel, else portable C++.
 Kernel resolve_kernel() {
   Kernel k = g_kernel.load(std::memory_order_relaxed);
   if (k != Kernel::Auto) return k;
-  if (kernel_available(Kernel::Blas)) return Kernel::Blas;
-  if (kernel_available(Kernel::Avx512)) return Kernel::Avx512;
+  k = kernel_from_env();
+  if (k != Kernel::Auto) return k;
+  const bool avx512 = kernel_available(Kernel::Avx512);
+  if (kernel_available(Kernel::Blas) && (blas_is_avx512() || !avx512)) return Kernel::Blas;
+  if (avx512) return Kernel::Avx512;
   return Kernel::Portable;
 }
 
@@ -398,7 +442,10 @@ void gemm(const float* x, int64_t m, int64_t lda, const QuantizedWeight& w, cons
   BlasSingleThread blas_guard(kernel == Kernel::Blas);
 #endif
 
-#pragma omp parallel if (n_tiles > 1)
+  // NOTE: a parallel region costs 5-20 us, and far more when the cores are shared (a 2-core CI box running
+  // tests side by side: the MoE tests ran 8x slower with 2 threads than with 1). Small products stay serial.
+  const bool parallel = n_tiles > 1 && static_cast<double>(m) * w.n * w.k >= kParallelMinMacs;
+#pragma omp parallel if (parallel)
   {
     std::vector<float> tile(static_cast<size_t>(NB * KB));
     std::vector<float> acc(static_cast<size_t>(m * NB));
