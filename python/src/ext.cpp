@@ -141,11 +141,12 @@ fg::TensorView to_view(nb::handle obj, const char* name, Keep& keep, bool option
   if (!dtype) {
     throw fg::Error(fg::ErrorKind::Type, std::string(name) +
                                              ": expected float32, float16, bfloat16, float8_e4m3fn, float8_e8m0fnu, "
-                                             "uint8, int8, int32 or int64, got " + describe(obj));
+                                             "uint8, int8, int32 or int64, got " +
+                                             describe(obj));
   }
   if (array.ndim() > static_cast<size_t>(fg::kMaxDims)) {
-    throw fg::Error(std::string(name) + ": expected at most " + std::to_string(fg::kMaxDims) +
-                    " dimensions, got " + std::to_string(array.ndim()));
+    throw fg::Error(std::string(name) + ": expected at most " + std::to_string(fg::kMaxDims) + " dimensions, got " +
+                    std::to_string(array.ndim()));
   }
 
   fg::TensorView view;
@@ -162,8 +163,10 @@ fg::TensorView to_view(nb::handle obj, const char* name, Keep& keep, bool option
   } else if (device_type == nb::device::cuda::value || device_type == nb::device::cuda_managed::value) {
     view.device = {fg::DeviceType::CUDA, array.device_id()};
   } else {
-    throw fg::Error(fg::ErrorKind::Type, std::string(name) + ": expected an array on the CPU or a CUDA device, got "
-                                             "DLPack device type " + std::to_string(device_type));
+    throw fg::Error(fg::ErrorKind::Type, std::string(name) +
+                                             ": expected an array on the CPU or a CUDA device, got "
+                                             "DLPack device type " +
+                                             std::to_string(device_type));
   }
   if constexpr (kWritable)
     keep.outputs.push_back(std::move(array));
@@ -176,9 +179,7 @@ fg::TensorView in(nb::handle obj, const char* name, Keep& keep) { return to_view
 fg::TensorView in_opt(nb::handle obj, const char* name, Keep& keep) { return to_view<false>(obj, name, keep, true); }
 fg::TensorView out(nb::handle obj, const char* name, Keep& keep) { return to_view<true>(obj, name, keep); }
 
-fg::RunOptions run_options(fg::Backend backend, uintptr_t stream) {
-  return {backend, reinterpret_cast<void*>(stream)};
-}
+fg::RunOptions run_options(fg::Backend backend, uintptr_t stream) { return {backend, reinterpret_cast<void*>(stream)}; }
 
 nb::tuple shape_tuple(const std::vector<int64_t>& shape) {
   nb::list list;
@@ -247,7 +248,8 @@ NB_MODULE(_ext, m) {
       .value("Relu2", fg::MoeActivation::Relu2, "no gate: relu(up)^2");
 
   // ---- Recipes.
-  nb::class_<fg::WeightRecipe>(m, "WeightRecipe", "How a weight is stored and scaled (scales are dequantization multipliers).")
+  nb::class_<fg::WeightRecipe>(m, "WeightRecipe",
+                               "How a weight is stored and scaled (scales are dequantization multipliers).")
       .def(nb::init<>())
       .def(
           "__init__",
@@ -301,13 +303,17 @@ NB_MODULE(_ext, m) {
       .def_ro("activation", &fg::NamedRecipe::activation)
       .def("__repr__", [](const fg::NamedRecipe& r) { return "NamedRecipe('" + r.name + "')"; });
 
-  m.def("all_recipes", &fg::all_recipes, "Every recipe of RECIPES.md, with a stable name (what `finegemm check` walks).");
+  m.def("all_recipes", &fg::all_recipes,
+        "Every recipe of RECIPES.md, with a stable name (what `finegemm check` walks).");
   m.def(
       "weight_scale_shape",
-      [](const fg::WeightRecipe& recipe, int64_t n, int64_t k) { return shape_tuple(fg::weight_scale_shape(recipe, n, k)); },
+      [](const fg::WeightRecipe& recipe, int64_t n, int64_t k) {
+        return shape_tuple(fg::weight_scale_shape(recipe, n, k));
+      },
       "recipe"_a, "n"_a, "k"_a, "Shape of the scale tensor of an [n, k] weight.");
   m.def(
-      "weight_scale_dtype", [](const fg::WeightRecipe& recipe) { return std::string(fg::dtype_name(fg::weight_scale_dtype(recipe))); },
+      "weight_scale_dtype",
+      [](const fg::WeightRecipe& recipe) { return std::string(fg::dtype_name(fg::weight_scale_dtype(recipe))); },
       "recipe"_a, "Dtype name of the scale tensor: float32, float8_e8m0fnu or int32 (packed UE8M0).");
   m.def("weight_storage_cols", &fg::weight_storage_cols, "recipe"_a, "k"_a,
         "Last dim of the stored weight: k for FP8, k/2 for packed FP4.");
@@ -333,7 +339,8 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::quantize_activations(x_view, recipe, x_q_view, scale, run_options(backend, stream));
       },
-      "x"_a.none(), "recipe"_a, "x_q"_a.none(), "x_scale"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
+      "x"_a.none(), "recipe"_a, "x_q"_a.none(), "x_scale"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto,
+      "stream"_a = 0);
   m.def(
       "quantize_weights",
       [](nb::handle w, const fg::WeightRecipe& recipe, nb::handle w_q, nb::handle w_scale, fg::Backend backend,
@@ -344,7 +351,8 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::quantize_weights(w_view, recipe, w_q_view, scale, run_options(backend, stream));
       },
-      "w"_a.none(), "recipe"_a, "w_q"_a.none(), "w_scale"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
+      "w"_a.none(), "recipe"_a, "w_q"_a.none(), "w_scale"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto,
+      "stream"_a = 0);
   m.def(
       "dequantize_weights",
       [](nb::handle w_q, nb::handle w_scale, const fg::WeightRecipe& recipe, nb::handle w, fg::Backend backend,
@@ -355,7 +363,8 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::dequantize_weights(w_q_view, scale, recipe, w_view, run_options(backend, stream));
       },
-      "w_q"_a.none(), "w_scale"_a.none(), "recipe"_a, "w"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto, "stream"_a = 0);
+      "w_q"_a.none(), "w_scale"_a.none(), "recipe"_a, "w"_a.none(), nb::kw_only(), "backend"_a = fg::Backend::Auto,
+      "stream"_a = 0);
   m.def(
       "linear",
       [](nb::handle x, nb::handle weight, nb::handle weight_scale, nb::handle out_array,
@@ -374,9 +383,9 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::linear(args, run_options(backend, stream));
       },
-      "x"_a.none(), "weight"_a.none(), "weight_scale"_a.none(), "out"_a.none(), nb::kw_only(), "weight_recipe"_a, "activation"_a,
-      "x_scale"_a.none() = nb::none(), "bias"_a.none() = nb::none(), "backend"_a = fg::Backend::Auto, "stream"_a = 0,
-      "out = dequant(x) @ dequant(weight).T (+ bias), written into `out` [M, N].");
+      "x"_a.none(), "weight"_a.none(), "weight_scale"_a.none(), "out"_a.none(), nb::kw_only(), "weight_recipe"_a,
+      "activation"_a, "x_scale"_a.none() = nb::none(), "bias"_a.none() = nb::none(), "backend"_a = fg::Backend::Auto,
+      "stream"_a = 0, "out = dequant(x) @ dequant(weight).T (+ bias), written into `out` [M, N].");
   m.def(
       "moe_experts",
       [](nb::handle hidden, nb::handle top_k_index, nb::handle top_k_weights, nb::handle gate_up,
@@ -408,9 +417,10 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release release;
         fg::moe_experts(args, run_options(backend, stream));
       },
-      "hidden"_a.none(), "top_k_index"_a.none(), "top_k_weights"_a.none(), "gate_up"_a.none(), "gate_up_scale"_a.none(), "down"_a.none(), "down_scale"_a.none(),
-      "out"_a.none(), nb::kw_only(), "weight_recipe"_a, "activation_recipe"_a, "gate_up_act_scale"_a.none() = nb::none(),
-      "down_act_scale"_a.none() = nb::none(), "gate_up_bias"_a.none() = nb::none(), "down_bias"_a.none() = nb::none(),
+      "hidden"_a.none(), "top_k_index"_a.none(), "top_k_weights"_a.none(), "gate_up"_a.none(), "gate_up_scale"_a.none(),
+      "down"_a.none(), "down_scale"_a.none(), "out"_a.none(), nb::kw_only(), "weight_recipe"_a, "activation_recipe"_a,
+      "gate_up_act_scale"_a.none() = nb::none(), "down_act_scale"_a.none() = nb::none(),
+      "gate_up_bias"_a.none() = nb::none(), "down_bias"_a.none() = nb::none(),
       "activation"_a = fg::MoeActivation::SwiGLU, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 1.702f,
       "interleaved_gate_up"_a = false, "backend"_a = fg::Backend::Auto, "stream"_a = 0,
       "The Mixture-of-Experts block of transformers' FP8Experts, written into `out` [T, H].");
