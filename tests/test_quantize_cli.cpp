@@ -316,3 +316,25 @@ TEST(QuantizeCli, ErrorsAreClear) {
   EXPECT_NE(same.err.find("other than IN"), std::string::npos) << same.err;
 }
 #endif
+
+#ifdef FINEGEMM_CLI
+TEST(QuantizeCli, ShardedInputKeepsItsShards) {
+  TempDir dir;
+  Buffer a = finegemm::testing::random_tensor(DType::BF16, {128, kHidden}, 0.1f);
+  Buffer b = finegemm::testing::random_tensor(DType::BF16, {kHidden, 128}, 0.1f);
+  finegemm::save_safetensors((dir.path / "model-00001-of-00002.safetensors").string(), {{"l.a.weight", a.view}});
+  finegemm::save_safetensors((dir.path / "model-00002-of-00002.safetensors").string(), {{"l.b.weight", b.view}});
+  write_file(dir.path / "model.safetensors.index.json",
+             R"({"weight_map": {"l.a.weight": "model-00001-of-00002.safetensors", "l.b.weight": "model-00002-of-00002.safetensors"}})");
+  const fs::path out = dir.path / "out";
+  const Result r = run_cli("\"" + dir.path.string() + "\" \"" + out.string() + "\"", dir.path);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json index = json::parse(read_file(out / "model.safetensors.index.json"));
+  EXPECT_EQ(index["weight_map"]["l.a.weight_scale_inv"], "model-00001-of-00002.safetensors");
+  EXPECT_EQ(index["weight_map"]["l.b.weight_scale_inv"], "model-00002-of-00002.safetensors");
+  const auto ckpt = finegemm::Checkpoint::open(out.string());
+  EXPECT_EQ(ckpt.files().files().size(), 2u);
+  EXPECT_EQ(ckpt.linear_layers(), (std::vector<std::string>{"l.a", "l.b"}));
+  EXPECT_LT(dequant_error(ckpt.linear("l.b").weight, ckpt.linear("l.b").weight_scale, ckpt.linear("l.b").weight_recipe, b.view), 0.06);
+}
+#endif
