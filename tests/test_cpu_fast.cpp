@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.hpp"
 #include "cpu/fast_gemm.hpp"
 #include "testing.hpp"
 
@@ -76,6 +77,61 @@ QuantWeight make_weight(const WeightRecipe& r, int64_t experts, int64_t n, int64
     quantize_weights(w, r, wq, ws);
   }
   return q;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Activations: the fast path's quantizer makes the reference's FP8 codes and scales, bit for bit.
+
+TEST(CpuFastActivations, QuantizeLikeTheReferenceBitForBit) {
+  const std::vector<ActivationRecipe> recipes = {
+      ActivationRecipe::per_token_group(128), ActivationRecipe::per_token_group(128, true),
+      ActivationRecipe::per_token_group(32),  ActivationRecipe::per_token_group(32, true),
+      ActivationRecipe::per_token(),          ActivationRecipe::per_token(true),
+      ActivationRecipe::static_per_tensor()};
+  const int64_t m = 37, k = 256;
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    Buffer x = random_tensor(dtype, {m, k}, 3.0f);
+    // Some rows all zero (the 1e-4 floor), some tiny, some huge (saturation with the static scale).
+    for (int64_t c = 0; c < k; ++c) {
+      testing::set(x, 0 * k + c, 0.0f);
+      testing::set(x, 1 * k + c, 1e-6f * static_cast<float>(c % 7));
+      testing::set(x, 2 * k + c, 300.0f * static_cast<float>((c % 5) - 2));
+    }
+    // Row 3: amax 56 in every group makes s = 56/448 = 1/8 exactly, so x/s hits E4M3 ties (normal and
+    // subnormal, both signs) and a wide range of magnitudes down to the subnormals and zero.
+    const float ties[] = {1.0625f, 1.1875f, 3.25f, 0.5f * 0.001953125f, 1.5f * 0.001953125f, 2.5f * 0.001953125f,
+                          7.5f * 0.001953125f, 0.0146484375f, 232.0f, 0.0f};
+    for (int64_t c = 0; c < k; ++c) {
+      const float tie = ties[c % 10] * ((c / 10) % 2 ? -1.0f : 1.0f);
+      float v = c % 32 == 0 ? 56.0f : 0.125f * tie;
+      if (c % 32 == 31) v = std::ldexp(1.0f, -static_cast<int>(c / 8));  // 2^0 .. 2^-31
+      testing::set(x, 3 * k + c, v);
+    }
+    for (const ActivationRecipe& recipe : recipes) {
+      SCOPED_TRACE(recipe.name() + " x=" + dtype_name(dtype));
+      Buffer x_q(DType::F8_E4M3, {m, k});
+      Buffer x_scale(DType::F32, activation_scale_shape(recipe, m, k));
+      if (recipe.is_static()) x_scale.ptr<float>()[0] = 0.05f;
+      cpu::reference_quantize_activations(x, recipe, x_q, x_scale);
+      for (fast::Kernel kernel : kernels()) {  // the SIMD quantizer, and the portable one
+        SCOPED_TRACE(std::string("kernel ") + fast::kernel_name(kernel));
+        KernelScope scope(kernel);
+        std::vector<float> fast_values;
+        fast::quantize_dequantize_activations(x, x_scale, recipe, fast_values);
+        const int64_t cols = recipe.granularity == ActGranularity::PerTokenGroup ? k / recipe.group_size : 1;
+        const int64_t group = k / cols;
+        int64_t mismatches = 0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t c = 0; c < k; ++c) {
+            const float scale =
+                recipe.is_static() ? x_scale.ptr<float>()[0] : x_scale.ptr<float>()[i * cols + c / group];
+            const float expected = fmt::e4m3_to_float(x_q.ptr<uint8_t>()[i * k + c]) * scale;
+            if (std::memcmp(&expected, &fast_values[i * k + c], 4) != 0) ++mismatches;
+          }
+        EXPECT_EQ(mismatches, 0);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -209,6 +209,66 @@ FG_AVX512 void decode_fp4_avx512(const uint8_t* src, int64_t count, float s, flo
 }
 #endif
 
+#if FG_HAVE_AVX512_KERNELS
+// One row of F32/BF16/F16 activations as fp32.
+FG_AVX512 void load_row_avx512(const void* src, DType dtype, int64_t count, float* dst) {
+  int64_t i = 0;
+  if (dtype == DType::F32) {
+    std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  for (; i + 16 <= count; i += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i));
+    const __m512 f = dtype == DType::BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
+                                          : _mm512_cvtph_ps(v);
+    _mm512_storeu_ps(dst + i, f);
+  }
+  for (; i < count; ++i) dst[i] = dtype == DType::BF16 ? fmt::bf16_to_float(h[i]) : fmt::f16_to_float(h[i]);
+}
+
+FG_AVX512 float amax_avx512(const float* src, int64_t count) {
+  __m512 m = _mm512_setzero_ps();
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  int64_t i = 0;
+  // max_ps returns its second operand when either is NaN: NaN inputs are skipped, like std::fmax.
+  for (; i + 16 <= count; i += 16)
+    m = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(src + i)), abs_mask)), m);
+  float amax = _mm512_reduce_max_ps(m);
+  for (; i < count; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+  return amax;
+}
+
+// dst = e4m3(src / s) · s, the value fmt::e4m3_from_float then e4m3_to_float give, computed in place of the
+// code: round to nearest even at 3 mantissa bits (normals) or at 2^-9 (subnormals), saturate to 448, NaN stays.
+FG_AVX512 void quantize_dequantize_avx512(const float* src, int64_t count, float s, float* dst) {
+  const __m512 scale = _mm512_set1_ps(s);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512i half_minus_one = _mm512_set1_epi32(0x7FFFF), one = _mm512_set1_epi32(1);
+  const __m512i keep = _mm512_set1_epi32(static_cast<int>(0xFFF00000u));
+  const __m512 min_normal = _mm512_set1_ps(0.015625f), max_value = _mm512_set1_ps(fmt::kE4M3Max);
+  const __m512 sub_up = _mm512_set1_ps(512.0f), sub_down = _mm512_set1_ps(1.0f / 512.0f);
+  const __m512 nan = _mm512_set1_ps(NAN);
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 lanes = count - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (count - i)) - 1);
+    const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(lanes, src + i), scale);
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i abs_bits = _mm512_and_si512(bits, abs_mask);
+    const __m512 a = _mm512_castsi512_ps(abs_bits);
+    // Normals: add just under half an ulp of the 3-bit mantissa (plus the kept bit: ties to even), truncate.
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs_bits, 20), one);
+    __m512 r = _mm512_castsi512_ps(_mm512_and_si512(_mm512_add_epi32(abs_bits, _mm512_add_epi32(half_minus_one, lsb)), keep));
+    const __m512 sub = _mm512_mul_ps(
+        _mm512_roundscale_ps(_mm512_mul_ps(a, sub_up), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), sub_down);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, min_normal, _CMP_LT_OQ), sub);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, max_value, _CMP_GE_OQ), max_value);
+    r = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), _mm512_and_si512(bits, sign_mask)));
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
+    _mm512_mask_storeu_ps(dst + i, lanes, _mm512_mul_ps(r, scale));
+  }
+}
+#endif
+
 // Rows [n0, n0+nb) x columns [k0, k0+kb) of dequant(w) into tile[r * ld + c].
 void dequantize_tile(const QuantizedWeight& w, const ScaleReader& scales, int64_t n0, int64_t nb, int64_t k0,
                      int64_t kb, float* tile, int64_t ld, bool avx512) {
@@ -490,51 +550,68 @@ void quantize_dequantize_activations(const TensorView& x, const TensorView& x_sc
     cols = k / group;
   }
 
-  std::vector<uint8_t> q_owned;
-  std::vector<float> s_owned;
-  const uint8_t* q = nullptr;
-  const float* s = nullptr;
-  if (x.dtype == DType::F8_E4M3) {
-    q = x.ptr<const uint8_t>();
-    s = x_scale.ptr<const float>();
-  } else {
-    q_owned.resize(static_cast<size_t>(m * k));
-    if (recipe.is_static()) {
-      s = x_scale.ptr<const float>();
-    } else {
-      s_owned.resize(static_cast<size_t>(m * cols));
-      s = s_owned.data();
-    }
-    // The reference's own quantizer, on row chunks in parallel (rows are independent), so the fast path
-    // makes the same FP8 codes and scales bit for bit.
-    const int64_t chunk = std::max<int64_t>(1, (m + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads()));
-    const int64_t n_chunks = (m + chunk - 1) / chunk;
-    const size_t elem = dtype_size(x.dtype);
-#pragma omp parallel for schedule(static) if (n_chunks > 1 && m * k >= (1 << 16))
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      const int64_t r0 = c * chunk, rows = std::min(chunk, m - r0);
-      const TensorView x_rows = TensorView::of(x.ptr<const uint8_t>() + r0 * k * elem, x.dtype, {rows, k});
-      const TensorView q_rows = TensorView::of(q_owned.data() + r0 * k, DType::F8_E4M3, {rows, k});
-      TensorView s_rows;
-      switch (recipe.granularity) {
-        case ActGranularity::PerTokenGroup: s_rows = TensorView::of(s_owned.data() + r0 * cols, DType::F32, {rows, cols}); break;
-        case ActGranularity::PerToken: s_rows = TensorView::of(s_owned.data() + r0, DType::F32, {rows}); break;
-        case ActGranularity::StaticPerTensor: s_rows = x_scale; break;
-      }
-      reference_quantize_activations(x_rows, recipe, q_rows, s_rows);
-    }
-    q = q_owned.data();
-  }
-
+  const bool prequantized = x.dtype == DType::F8_E4M3;
+  const uint8_t* q = prequantized ? x.ptr<const uint8_t>() : nullptr;
+  const float* s = prequantized ? x_scale.ptr<const float>() : nullptr;
   const float* lut = tables().e4m3;
   const bool is_static = recipe.is_static();
-#pragma omp parallel for schedule(static) if (m * k >= (1 << 16))
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t g = 0; g < cols; ++g) {
-      const float scale = is_static ? s[0] : s[i * cols + g];
-      const uint8_t* src = q + i * k + g * group;
-      float* dst = xf.data() + i * k + g * group;
-      for (int64_t c = 0; c < group; ++c) dst[c] = lut[src[c]] * scale;
+  const bool avx512 = resolve_kernel() != Kernel::Portable && cpu_has_avx512();
+
+  // Row chunks in parallel; rows are independent, so the chunking changes nothing.
+  const int threads = omp_get_max_threads();
+  const int64_t chunk = std::max<int64_t>(1, (m + 4 * threads - 1) / (4 * threads));
+  const int64_t n_chunks = (m + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n_chunks > 1 && m * k >= (1 << 17))
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    std::vector<float> row(static_cast<size_t>(prequantized ? 0 : k));
+    for (int64_t i = c * chunk; i < std::min(m, (c + 1) * chunk); ++i) {
+      float* dst_row = xf.data() + i * k;
+      if (prequantized) {
+        for (int64_t g = 0; g < cols; ++g) {
+          const float scale = is_static ? s[0] : s[i * cols + g];
+          for (int64_t e = g * group; e < (g + 1) * group; ++e) dst_row[e] = lut[q[i * k + e]] * scale;
+        }
+        continue;
+      }
+      // The reference's quantizer (reference.cpp, quantize_row), step for step so the FP8 codes and scales
+      // are its own bit for bit: s = max(amax, 1e-4) / 448 in float (rounded up to a power of two for pow2
+      // recipes), or the static scale; q = e4m3(x / s) with a float division.
+#if FG_HAVE_AVX512_KERNELS
+      if (avx512) {
+        load_row_avx512(x.ptr<const uint8_t>() + i * k * dtype_size(x.dtype), x.dtype, k, row.data());
+        for (int64_t g = 0; g < cols; ++g) {
+          const float* src = row.data() + g * group;
+          float scale = is_static ? x_scale.ptr<const float>()[0] : 0.0f;
+          if (!is_static) {
+            scale = std::max(amax_avx512(src, group), 1e-4f) / fmt::kE4M3Max;
+            if (recipe.pow2_scale) scale = fmt::pow2_ceil(scale);
+          }
+          quantize_dequantize_avx512(src, group, scale, dst_row + g * group);
+        }
+        continue;
+      }
+#endif
+      switch (x.dtype) {
+        case DType::F32: std::copy_n(x.ptr<const float>() + i * k, k, row.data()); break;
+        case DType::BF16:
+          for (int64_t e = 0; e < k; ++e) row[e] = fmt::bf16_to_float(x.ptr<const uint16_t>()[i * k + e]);
+          break;
+        default:
+          for (int64_t e = 0; e < k; ++e) row[e] = fmt::f16_to_float(x.ptr<const uint16_t>()[i * k + e]);
+          break;
+      }
+      for (int64_t g = 0; g < cols; ++g) {
+        const float* src = row.data() + g * group;
+        float scale = is_static ? x_scale.ptr<const float>()[0] : 0.0f;
+        if (!is_static) {
+          float amax = 0.0f;
+          for (int64_t e = 0; e < group; ++e) amax = std::fmax(amax, std::fabs(src[e]));
+          scale = std::max(amax, 1e-4f) / fmt::kE4M3Max;
+          if (recipe.pow2_scale) scale = fmt::pow2_ceil(scale);
+        }
+        float* dst = dst_row + g * group;
+        for (int64_t e = 0; e < group; ++e) dst[e] = lut[fmt::e4m3_from_float(src[e] / scale)] * scale;
+      }
     }
   }
 }

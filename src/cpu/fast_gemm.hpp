@@ -41,7 +41,7 @@ void store_row(const Epilogue& epilogue, int64_t row, int64_t col0, const float*
 void gemm(const float* x, int64_t m, int64_t lda, const QuantizedWeight& w, const Epilogue& epilogue);
 
 // x [m, k] (F32/BF16/F16, quantized here per `recipe`, or F8_E4M3 with `x_scale`) → dequantized fp32
-// [m, k] exactly as the reference quantizes it (x_scale: the static scale, or the scales of an F8 x).
+// [m, k]: the reference's FP8 codes and scales bit for bit (x_scale: the static scale, or the scales of an F8 x).
 void quantize_dequantize_activations(const TensorView& x, const TensorView& x_scale, const ActivationRecipe& recipe,
                                      std::vector<float>& xf);
 
