@@ -64,7 +64,7 @@ bool ArgParser::parse(int argc, char** argv) {
     }
     if (arg.rfind("--", 0) != 0 || arg == "--") {
       if (positional_values_.size() >= positional_specs_.size())
-        throw Error("finegemm " + command_ + ": unexpected argument '" + arg + "' (see finegemm " + command_ + " --help)");
+        throw Error("unexpected argument '" + arg + "' (see finegemm " + command_ + " --help)");
       positional_values_.push_back(arg);
       continue;
     }
@@ -76,7 +76,7 @@ bool ArgParser::parse(int argc, char** argv) {
       has_value = true;
     }
     const Spec* spec = find(name);
-    if (!spec) throw Error("finegemm " + command_ + ": unknown option '--" + name + "' (see finegemm " + command_ + " --help)");
+    if (!spec) throw Error("unknown option '--" + name + "' (see finegemm " + command_ + " --help)");
     if (spec->is_flag) {
       if (has_value) throw Error("--" + name + ": a flag takes no value, got '" + value + "'");
       values_[name] = "1";
@@ -89,7 +89,7 @@ bool ArgParser::parse(int argc, char** argv) {
     values_[name] = value;
   }
   if (positional_values_.size() < positional_specs_.size())
-    throw Error("finegemm " + command_ + ": expected " + positional_specs_[positional_values_.size()].first +
+    throw Error("expected " + positional_specs_[positional_values_.size()].first +
                 " (see finegemm " + command_ + " --help)");
   return true;
 }
@@ -315,12 +315,22 @@ QuantizedWeight quantize(const TensorView& master, const WeightRecipe& recipe) {
   const size_t in_bytes = static_cast<size_t>(n * k) * dtype_size(master.dtype);
   const size_t w_bytes = static_cast<size_t>(n * wcols) * dtype_size(wdtype);
   const size_t s_bytes = static_cast<size_t>(scale_numel) * dtype_size(sdtype);
+  // Experts are independent: quantized in parallel (the reference quantizer is a plain loop). An exception may
+  // not leave an OpenMP region: the first error is kept and thrown after it.
+  std::string error;
+#pragma omp parallel for schedule(dynamic)
   for (int64_t i = 0; i < e; ++i) {
-    const auto* src = static_cast<const uint8_t*>(master.data) + i * in_bytes;
-    quantize_weights(TensorView::of(src, master.dtype, {n, k}), recipe,
-                     TensorView::of(q.weight.bytes.data() + i * w_bytes, wdtype, {n, wcols}),
-                     TensorView::of(q.scale.bytes.data() + i * s_bytes, sdtype, sshape));
+    try {
+      const auto* src = static_cast<const uint8_t*>(master.data) + i * in_bytes;
+      quantize_weights(TensorView::of(src, master.dtype, {n, k}), recipe,
+                       TensorView::of(q.weight.bytes.data() + i * w_bytes, wdtype, {n, wcols}),
+                       TensorView::of(q.scale.bytes.data() + i * s_bytes, sdtype, sshape));
+    } catch (const Error& ex) {
+#pragma omp critical(finegemm_cli_quantize)
+      if (error.empty()) error = ex.what();
+    }
   }
+  if (!error.empty()) throw Error(error);
   return q;
 }
 
