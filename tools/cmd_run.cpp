@@ -80,7 +80,7 @@ void print_rows(const std::vector<Row>& rows, bool show_layer) {
       cells.push_back("error");
     } else {
       cells.push_back(std::to_string(r.tokens));
-      cells.push_back(format_double(r.seconds * 1e3, r.seconds < 0.01 ? 3 : 1));
+      cells.push_back(format_double(r.seconds * 1e3, r.seconds < 0.01 ? 2 : 1));
       cells.push_back(format_double(r.tokens / r.seconds, 0));
       cells.push_back(format_double(r.flops / r.seconds * 1e-9, 1));
       cells.push_back(r.non_finite ? std::to_string(r.non_finite) + " NaN/Inf" : format_sci(r.rel));

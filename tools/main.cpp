@@ -43,12 +43,6 @@ void print_version() {
 
 }  // namespace
 
-// Stand-in until tools/cmd_quantize.cpp lands: weak, so the real command wins at link time.
-__attribute__((weak)) int finegemm::tools::cmd_quantize(int, char**) {
-  std::fputs("finegemm quantize: not available in this build yet\n", stderr);
-  return 2;
-}
-
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fputs(kUsage, stderr);
