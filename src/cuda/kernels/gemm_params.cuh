@@ -17,6 +17,7 @@ struct GemmParams {
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;
+  int a_scale_cols = 1;  // groups along K (the last one is clamped to for the zero-filled K tail)
   const void* b_scale = nullptr;  // per (block row, K block); nullptr: 1
   ScaleFmt b_scale_fmt = ScaleFmt::F32;
   int64_t b_scale_stride_n = 0;  // elements (F32/UE8M0) or int32 words (packed) per scale row

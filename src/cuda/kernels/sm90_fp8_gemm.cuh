@@ -21,13 +21,18 @@ namespace finegemm::cuda {
 
 inline constexpr int kGemmBlockK = 128;
 
-template <int BLOCK_M, int BLOCK_N, int kNumStages>
+// kPromoteK: 0 when no scale varies along K (they fold into the epilogue), else the K slice (32, 64 or 128)
+// after which the wgmma result is scaled and added to the FP32 total.
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK>
 struct GemmSmem {
+  static constexpr int kSubs = kPromoteK == 0 ? 0 : kGemmBlockK / kPromoteK;
   static constexpr int kStageA = BLOCK_M * kGemmBlockK;
   static constexpr int kStageB = BLOCK_N * kGemmBlockK;
+  // Per stage: A scales [kSubs][BLOCK_M] and B scales [kSubs][BLOCK_N], staged by the scale-loader warp.
+  static constexpr int kStageScales = kSubs * (BLOCK_M + BLOCK_N) * 4;
   static constexpr int kBarriers = 2 * kNumStages * 8;
   // +1024: the dynamic base is re-aligned to 1024 B for the 128-byte swizzle.
-  static constexpr int kBytes = kNumStages * (kStageA + kStageB) + kBarriers + 1024;
+  static constexpr int kBytes = kNumStages * (kStageA + kStageB + kStageScales) + kBarriers + 1024;
 };
 
 __device__ __forceinline__ float load_b_scale(const GemmParams& p, int block_row, int k_index) {
@@ -65,33 +70,44 @@ __device__ __forceinline__ void store_pair(const GemmParams& p, int row, int col
   }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kNumStages, bool kPromote, typename Scheduler>
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, typename Scheduler>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const GemmParams p, const Scheduler scheduler) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M: one or two consumer warpgroups of 64 rows");
   static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a wgmma N (multiple of 16, at most 256)");
+  static_assert(kPromoteK == 0 || kPromoteK == 32 || kPromoteK == 64 || kPromoteK == 128, "kPromoteK: 0, 32, 64, 128");
+  constexpr bool kPromote = kPromoteK != 0;
   constexpr int kNumConsumers = BLOCK_M / 64;
   constexpr int kNumAccum = BLOCK_N / 2;
-  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages>;
+  constexpr int kConsumerRegs = kNumConsumers == 2 ? 224 : 240;
+  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK>;
+  constexpr int kSubs = Smem::kSubs;
+  constexpr int kStepsPerSub = kPromote ? kPromoteK / 32 : kGemmBlockK / 32;
   using Mma = ptx::WgmmaFp8<BLOCK_N>;
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* smem_a = smem;
-  uint8_t* smem_b = smem + kNumStages * Smem::kStageA;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_b + kNumStages * Smem::kStageB);
+  uint8_t* smem_b = smem_a + kNumStages * Smem::kStageA;
+  float* smem_scales = reinterpret_cast<float*>(smem_b + kNumStages * Smem::kStageB);
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_scales) + kNumStages * Smem::kStageScales);
   uint64_t* empty = full + kNumStages;
+  auto stage_scales_a = [&](int stage, int sub) { return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + sub * BLOCK_M; };
+  auto stage_scales_b = [&](int stage, int sub) {
+    return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + kSubs * BLOCK_M + sub * BLOCK_N;
+  };
 
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
+  const bool b_uniform = p.b_block_n % BLOCK_N == 0;
 
-  // Barriers: full[s] completes on the producer's expect_tx plus the TMA bytes; empty[s] on one arrive per
-  // consumer warp.
+  // Barriers: full[s] completes on the TMA thread's expect_tx plus the bytes, and (with promotion) on the 32
+  // arrivals of the scale-loader warp; empty[s] on one arrive per consumer warp.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kNumStages; ++s) {
-      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&full[s], kPromote ? 1 + 32 : 1);
       ptx::mbar_init(&empty[s], kNumConsumers * 4);
     }
     ptx::fence_barrier_init();
@@ -101,9 +117,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   const int num_tiles = scheduler.num_tiles();
 
   if (warpgroup == kNumConsumers) {
-    // ---------------- Producer warpgroup: TMA loads.
-    ptx::setmaxnreg_dec<40>();
-    if (threadIdx.x % 128 == 0) {
+    // ---------------- Producer warpgroup: warp 0 issues TMA, warp 1 stages the promotion scales.
+    // NOTE: 56, not 40: the scale-loader warp spilled at 40.
+    ptx::setmaxnreg_dec<56>();
+    const int warp = (threadIdx.x % 128) / 32;
+    if (warp == 0 && lane == 0) {
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t iter = 0;
@@ -118,14 +136,45 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           ptx::tma_load_2d(smem_b + stage * Smem::kStageB, &tma_b, &full[stage], kb * kGemmBlockK, tile.n_block * BLOCK_N);
         }
       }
+    } else if (kPromote && warp == 1) {
+      // NOTE: scales are gathered with plain loads running up to kNumStages K-blocks ahead of the math, so their
+      // latency never sits on the consumers' path; any scale layout (row- or column-major, packed) works.
+      uint32_t iter = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const TileInfo tile = scheduler.tile(t);
+        const int m0 = tile.m_block * BLOCK_M, n0 = tile.n_block * BLOCK_N;
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+          const int stage = iter % kNumStages;
+          ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
+#pragma unroll 1
+          for (int sub = 0; sub < kSubs; ++sub) {
+            const int k_global = kb * kGemmBlockK + sub * kPromoteK;
+            float* sa = stage_scales_a(stage, sub);
+            float* sb = stage_scales_b(stage, sub);
+            const int g = min(k_global / p.a_group, p.a_scale_cols - 1);
+            for (int i = lane; i < BLOCK_M; i += 32) {
+              const int row = min(m0 + i, p.m - 1);
+              sa[i] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
+            }
+            const int kb_scale = min(k_global / p.b_block_k, p.b_scale_cols - 1);
+            for (int i = lane; i < (b_uniform ? 1 : BLOCK_N); i += 32) {
+              const int col = min(n0 + i, p.n - 1);
+              sb[i] = p.b_scale ? load_b_scale(p, col / p.b_block_n, kb_scale) : 1.0f;
+            }
+          }
+          ptx::mbar_arrive(&full[stage]);
+        }
+      }
     }
   } else {
     // ---------------- Consumer warpgroups: wgmma, promotion, epilogue.
-    ptx::setmaxnreg_inc<232>();
+    // Registers: 128·56 + kNumConsumers·128·kConsumerRegs must fit the 64K of an SM.
+    ptx::setmaxnreg_inc<kConsumerRegs>();
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32;
     const int row_in_wg = warp * 16 + lane / 4;  // this thread's rows: row_in_wg and row_in_wg + 8
     const int col_in_chunk = (lane % 4) * 2;     // and +1, in every 8-column chunk
+    const int row_in_tile = warpgroup * 64 + row_in_wg;
 
     float acc[kNumAccum];
     float total[kPromote ? kNumAccum : 1];
@@ -133,84 +182,84 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       const TileInfo tile = scheduler.tile(t);
-      const int row0 = tile.m_block * BLOCK_M + warpgroup * 64 + row_in_wg;
+      const int row0 = tile.m_block * BLOCK_M + row_in_tile;
       const int row1 = row0 + 8;
       const int col_base = tile.n_block * BLOCK_N;
       // Rows past M read a valid row's scale; their results are never stored.
       const int scale_row0 = min(row0, p.m - 1), scale_row1 = min(row1, p.m - 1);
-      const bool b_uniform = p.b_block_n % BLOCK_N == 0;
+      // Epilogue row scales, loaded early: their latency hides behind the mainloop.
+      const float rs0 = load_vec(p.row_mode, p.row_scale, scale_row0);
+      const float rs1 = load_vec(p.row_mode, p.row_scale, scale_row1);
+
       if constexpr (kPromote) {
 #pragma unroll
         for (int i = 0; i < kNumAccum; ++i) total[i] = 0.0f;
-      }
-
-      for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
-        const int stage = iter % kNumStages;
-        // Wait for the stage's TMA loads.
-        ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
-        const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
-        const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
-
-        if constexpr (kPromote) {
-          const int steps = p.promote_k / 32;
-          for (int k0 = 0; k0 < kGemmBlockK; k0 += p.promote_k) {
-            const int k_global = kb * kGemmBlockK + k0;
-            // Scales of this K slice (loads overlap the wgmma below).
-            float sa0 = 1.0f, sa1 = 1.0f;
-            if (p.a_scale) {
-              const int g = k_global / p.a_group;
-              sa0 = p.a_scale[scale_row0 * p.a_scale_stride_m + g * p.a_scale_stride_k];
-              sa1 = p.a_scale[scale_row1 * p.a_scale_stride_m + g * p.a_scale_stride_k];
-            }
-            const int kb_scale = min(k_global / p.b_block_k, p.b_scale_cols - 1);
-            float sb_uniform = 1.0f;
-            if (p.b_scale && b_uniform) sb_uniform = load_b_scale(p, col_base / p.b_block_n, kb_scale);
-
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+          const int stage = iter % kNumStages;
+          // Wait for the stage's TMA loads and scales.
+          ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
+          const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
+          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
+#pragma unroll
+          for (int sub = 0; sub < kSubs; ++sub) {
             ptx::fence_operands(acc);
             ptx::wgmma_fence();
-            for (int s = 0; s < steps; ++s) {
-              const uint64_t advance = static_cast<uint64_t>(((k0 + s * 32) >> 4));
+#pragma unroll
+            for (int s = 0; s < kStepsPerSub; ++s) {
+              const uint64_t advance = static_cast<uint64_t>((sub * kPromoteK + s * 32) >> 4);
               Mma::mma(desc_a + advance, desc_b + advance, acc, s > 0);
             }
             ptx::wgmma_commit();
+            // Scales of this slice (from shared memory) while the wgmma runs.
+            const float* sa = stage_scales_a(stage, sub);
+            const float* sb = stage_scales_b(stage, sub);
+            const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
+            const float sb_uniform = sb[0];
             ptx::wgmma_wait<0>();
             ptx::fence_operands(acc);
-
             // Promote: total += acc · sa · sb.
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c) {
-              float sb = sb_uniform;
-              if (p.b_scale && !b_uniform) {
-                const int col = min(col_base + c * 8 + col_in_chunk, p.n - 1);
-                sb = load_b_scale(p, col / p.b_block_n, kb_scale);
-              }
-              const float f0 = sa0 * sb, f1 = sa1 * sb;
-              total[c * 4 + 0] = fmaf(acc[c * 4 + 0], f0, total[c * 4 + 0]);
-              total[c * 4 + 1] = fmaf(acc[c * 4 + 1], f0, total[c * 4 + 1]);
-              total[c * 4 + 2] = fmaf(acc[c * 4 + 2], f1, total[c * 4 + 2]);
-              total[c * 4 + 3] = fmaf(acc[c * 4 + 3], f1, total[c * 4 + 3]);
+              const float sbc = b_uniform ? sb_uniform : sb[c * 8 + col_in_chunk];
+              const float sbd = b_uniform ? sb_uniform : sb[c * 8 + col_in_chunk + 1];
+              total[c * 4 + 0] = fmaf(acc[c * 4 + 0], sa0 * sbc, total[c * 4 + 0]);
+              total[c * 4 + 1] = fmaf(acc[c * 4 + 1], sa0 * sbd, total[c * 4 + 1]);
+              total[c * 4 + 2] = fmaf(acc[c * 4 + 2], sa1 * sbc, total[c * 4 + 2]);
+              total[c * 4 + 3] = fmaf(acc[c * 4 + 3], sa1 * sbd, total[c * 4 + 3]);
             }
           }
-        } else {
+          // Release the stage to the producer: one arrive per warp.
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+        }
+      } else {
+        // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.
+        int prev_stage = -1;
+#pragma unroll
+        for (int i = 0; i < kNumAccum; ++i) acc[i] = 0.0f;
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+          const int stage = iter % kNumStages;
+          ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
+          const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
+          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
           ptx::fence_operands(acc);
           ptx::wgmma_fence();
 #pragma unroll
-          for (int s = 0; s < kGemmBlockK / 32; ++s)
-            Mma::mma(desc_a + (s * 32 >> 4), desc_b + (s * 32 >> 4), acc, kb > tile.kb_begin || s > 0);
+          for (int s = 0; s < kGemmBlockK / 32; ++s) Mma::mma(desc_a + (s * 32 >> 4), desc_b + (s * 32 >> 4), acc, true);
           ptx::wgmma_commit();
-          ptx::wgmma_wait<0>();
+          ptx::wgmma_wait<1>();
           ptx::fence_operands(acc);
+          if (prev_stage >= 0) {
+            __syncwarp();
+            if (lane == 0) ptx::mbar_arrive(&empty[prev_stage]);
+          }
+          prev_stage = stage;
         }
-        // Release the stage to the producer: one arrive per warp.
-        __syncwarp();
-        if (lane == 0) ptx::mbar_arrive(&empty[stage]);
-      }
-
-      if constexpr (!kPromote) {
-        if (tile.kb_begin >= tile.kb_end) {
-          // An empty K range (K = 0) contributes zeros.
-#pragma unroll
-          for (int i = 0; i < kNumAccum; ++i) acc[i] = 0.0f;
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc);
+        if (prev_stage >= 0) {
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&empty[prev_stage]);
         }
       }
 
@@ -230,12 +279,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           }
           return;
         }
-        const float rs0 = load_vec(p.row_mode, p.row_scale, scale_row0);
-        const float rs1 = load_vec(p.row_mode, p.row_scale, scale_row1);
 #pragma unroll
         for (int c = 0; c < BLOCK_N / 8; ++c) {
           const int col = col_base + c * 8 + col_in_chunk;
-          if (col >= p.n) continue;  // N is a multiple of 16, so col + 1 < N too
+          if (col >= p.n) continue;  // N is even, so col + 1 < N too
           const float cs0 = load_vec(p.col_mode, p.col_scale, col), cs1 = load_vec(p.col_mode, p.col_scale, col + 1);
           const float b0 = load_bias(p, col), b1 = load_bias(p, col + 1);
           if (row0 < p.m) store_pair(p, row0, col, result[c * 4] * rs0 * cs0 + b0, result[c * 4 + 1] * rs0 * cs1 + b1);

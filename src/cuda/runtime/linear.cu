@@ -96,6 +96,7 @@ void linear(const LinearArgs& args, void* stream_handle) {
       p.a_scale_stride_m = scale_stride_m;
       p.a_scale_stride_k = scale_stride_k;
       p.a_group = args.activation.group_size;
+      p.a_scale_cols = static_cast<int>(k / args.activation.group_size);
       break;
     case ActGranularity::PerToken:
       p.row_mode = VecMode::PerIndex;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
@@ -43,18 +44,51 @@ CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int64_t ld,
   return map;
 }
 
-int num_sms_of_current_device() {
-  int device = 0, sms = 0;
-  FG_CUDA_CHECK(cudaGetDevice(&device));
-  FG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+constexpr int kMaxDevices = 64;
+
+int num_sms_of_device(int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int sms = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    FG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (device < kMaxDevices) cache[device].store(sms);
+  }
   return sms;
 }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, bool kPromote>
+// Split-K partials: a buffer per (device, stream), grown outside graph capture and reused, so that decode-sized
+// calls make no allocation. NOTE: while a stream is being captured and the buffer is too small, the call falls
+// back to a stream-ordered allocation (a graph memory node).
+struct SplitWorkspace {
+  float* ptr = nullptr;
+  size_t bytes = 0;
+};
+std::mutex workspace_mutex;
+std::map<std::pair<int, cudaStream_t>, SplitWorkspace> workspaces;
+
+float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
+  std::lock_guard<std::mutex> lock(workspace_mutex);
+  SplitWorkspace& w = workspaces[{device, stream}];
+  if (w.bytes >= bytes) return w.ptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (w.ptr) {
+    FG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    FG_CUDA_CHECK(cudaFree(w.ptr));
+  }
+  const size_t grown = std::max(bytes, size_t(32) << 20);
+  FG_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w.ptr), grown));
+  w.bytes = grown;
+  return w.ptr;
+}
+
+template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK>
 void launch_config(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p,
                    const NormalScheduler& sched, int grid, cudaStream_t stream) {
-  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromote, NormalScheduler>;
-  constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages>::kBytes;
+  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, NormalScheduler>;
+  constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK>::kBytes;
+  static_assert(kSmem <= 232448, "shared memory: a tile config exceeds the 227 KB an sm_90 block can have");
   // The shared-memory attribute is per device: set it once on each device this process launches on.
   static std::atomic<uint64_t> devices_set{0};
   int device = 0;
@@ -69,13 +103,13 @@ void launch_config(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const Gem
 }
 
 // The compiled tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
-template <bool kPromote>
+template <int kPromoteK>
 void dispatch_config(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
                      const NormalScheduler& s, cudaStream_t stream) {
-  if (c.block_m == 64 && c.block_n == 64) return launch_config<64, 64, 12, kPromote>(a, b, p, s, c.grid, stream);
-  if (c.block_m == 64 && c.block_n == 128) return launch_config<64, 128, 8, kPromote>(a, b, p, s, c.grid, stream);
-  if (c.block_m == 128 && c.block_n == 64) return launch_config<128, 64, 8, kPromote>(a, b, p, s, c.grid, stream);
-  if (c.block_m == 128 && c.block_n == 128) return launch_config<128, 128, 6, kPromote>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 64 && c.block_n == 64) return launch_config<64, 64, 12, kPromoteK>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 64 && c.block_n == 128) return launch_config<64, 128, 8, kPromoteK>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 64) return launch_config<128, 64, 8, kPromoteK>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 128) return launch_config<128, 128, 6, kPromoteK>(a, b, p, s, c.grid, stream);
   throw Error("gemm config: no compiled kernel for " + c.describe());
 }
 
@@ -89,13 +123,34 @@ std::string GemmConfig::describe() const {
 }
 
 GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
-  (void)promote;
   GemmConfig c;
-  c.block_m = m <= 64 ? 64 : 128;
   const int num_kb = std::max(1, ceil_div(k, kGemmBlockK));
-  // Narrow tiles when the wide ones would leave most SMs idle.
-  const int tiles128 = ceil_div(m, c.block_m) * ceil_div(n, 128);
-  c.block_n = tiles128 >= num_sms / 2 ? 128 : 64;
+  c.block_m = m <= 64 ? 64 : 128;
+  if (m <= 64) {
+    // Decode is bound by streaming B: pick the tile width and split-K that minimise the bytes the busiest SM
+    // streams (waves × K blocks per split × BLOCK_N), preferring fewer splits (each costs a partial write-back).
+    double best = 1e300;
+    for (int bn : {64, 128}) {
+      const int tiles = ceil_div(n, bn);
+      for (int split = 1; split <= std::min(16, num_kb); ++split) {
+        const int kbps = ceil_div(num_kb, split);
+        if (ceil_div(num_kb, kbps) != split) continue;
+        const int waves = ceil_div(static_cast<int64_t>(tiles) * split, num_sms);
+        const double cost = static_cast<double>(waves) * kbps * bn * (1.0 + 0.01 * split) + (bn == 64 ? 1.0 : 0.0);
+        if (cost < best) {
+          best = cost;
+          c.block_n = bn;
+          c.split_k = split;
+        }
+      }
+    }
+  } else {
+    // Prefill is bound by the tensor cores: wide tiles, narrower only when they would leave SMs idle.
+    const int tiles128 = ceil_div(m, c.block_m) * ceil_div(n, 128);
+    c.block_n = tiles128 >= num_sms / 2 ? 128 : 64;
+    const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
+    if (tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
+  }
   if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
     int bm = 0, bn = 0, split = 0;
     const int got = std::sscanf(forced, "%dx%d:%d", &bm, &bn, &split);
@@ -106,12 +161,10 @@ GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
     if (got == 3) c.split_k = split;
   }
   c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : 6);
-  const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
-  // Split K when the tiles cannot fill the GPU (decode): each split keeps ≥ 2 K blocks.
-  if (c.split_k <= 1 && tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
   c.split_k = std::max(1, std::min(c.split_k, num_kb));
   c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
   c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
+  const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
   c.grid = std::min(num_sms, tiles * c.split_k);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
     std::fprintf(stderr, "finegemm: gemm M=%d N=%d K=%d promote=%d -> %s\n", m, n, k, promote ? 1 : 0, c.describe().c_str());
@@ -121,7 +174,9 @@ GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr;
-  const GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote, num_sms_of_current_device());
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  const GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote, num_sms_of_device(device));
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, c.block_m);
   const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, c.block_n);
   NormalScheduler sched;
@@ -131,20 +186,26 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   sched.split_k = c.split_k;
   sched.k_blocks_per_split = c.k_blocks_per_split;
 
-  float* workspace = nullptr;
+  float* owned_workspace = nullptr;
   if (c.split_k > 1) {
-    FG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&workspace),
-                                  sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n, stream));
-    p.workspace = workspace;
+    const size_t bytes = sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n;
+    p.workspace = cached_workspace(device, stream, bytes);
+    if (!p.workspace) {
+      FG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&owned_workspace), bytes, stream));
+      p.workspace = owned_workspace;
+    }
   }
-  if (promote) dispatch_config<true>(c, tma_a, tma_b, p, sched, stream);
-  else dispatch_config<false>(c, tma_a, tma_b, p, sched, stream);
-  if (workspace) {
+  // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
+  // (group 32, block 32x32, MX 1x32) promote every 32.
+  if (!promote) dispatch_config<0>(c, tma_a, tma_b, p, sched, stream);
+  else if (p.promote_k % 128 == 0) dispatch_config<128>(c, tma_a, tma_b, p, sched, stream);
+  else dispatch_config<32>(c, tma_a, tma_b, p, sched, stream);
+  if (p.workspace) {
     const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
     const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
     splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(p, c.split_k);
     FG_CUDA_CHECK(cudaGetLastError());
-    FG_CUDA_CHECK(cudaFreeAsync(workspace, stream));
+    if (owned_workspace) FG_CUDA_CHECK(cudaFreeAsync(owned_workspace, stream));
   }
 }
 
