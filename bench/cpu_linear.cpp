@@ -2,8 +2,10 @@
 // against OpenBLAS sgemm on the same shape with the weights already dequantized to fp32 (all threads).
 // The bar (issue 2): the fast path within 2x of sgemm.
 //
-//   bench_cpu_linear [--quick] [--no-flush] [--runs N] [--out FILE]
+//   bench_cpu_linear [--quick] [--no-flush] [--cpu-time] [--runs N] [--out FILE]
 //
+// --cpu-time adds a second measurement, one thread on each side timed by process CPU time: on a shared
+// machine (other jobs on the same 2 cores) wall-clock medians swing by 2x, CPU time of one thread does not.
 // Each measurement: warm-up, then the median of N timed runs, each after the last-level cache is flushed
 // (weights stream from memory in real inference). Writes JSON to bench/results/cpu_linear_<date>.json.
 #include <omp.h>
@@ -103,17 +105,27 @@ struct Timing {
   double median = 0, min = 0;
 };
 
+double process_cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+// Wall-clock time, or (cpu_time) the process's CPU time: with one thread on each side that counts the work
+// alone, whatever else the machine runs.
 template <typename F>
-Timing time_ms(F&& fn, int runs, CacheFlusher& flush) {
+Timing time_ms(F&& fn, int runs, CacheFlusher& flush, bool cpu_time = false) {
   fn();  // warm-up (page faults, thread start-up)
   fn();
   std::vector<double> times;
   for (int r = 0; r < runs; ++r) {
     flush();
+    const double c0 = process_cpu_ms();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     const auto t1 = std::chrono::steady_clock::now();
-    times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    const double c1 = process_cpu_ms();
+    times.push_back(cpu_time ? c1 - c0 : std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   std::sort(times.begin(), times.end());
   return {times[times.size() / 2], times.front()};
@@ -123,12 +135,13 @@ struct Result {
   Shape shape;
   double sgemm_ms, fast_ms, own_ms;  // medians; own: our AVX-512 micro-kernel on the tiles instead of OpenBLAS
   double sgemm_min_ms, fast_min_ms, own_min_ms;
+  double sgemm_1t_cpu_ms = 0, fast_1t_cpu_ms = 0;  // --cpu-time: one thread each, process CPU time (median)
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, flush_cache = true;
+  bool quick = false, flush_cache = true, cpu_time = false;
   int runs = 7;
   std::string out_path;
   std::string command;
@@ -137,10 +150,11 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--no-flush") flush_cache = false;
+    else if (a == "--cpu-time") cpu_time = true;
     else if (a == "--runs" && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--no-flush] [--runs N] [--out FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--no-flush] [--cpu-time] [--runs N] [--out FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -237,11 +251,28 @@ int main(int argc, char** argv) {
         fast::set_kernel(fast::Kernel::Auto);
         r.own_ms = own.median, r.own_min_ms = own.min;
       }
+      if (cpu_time) {
+        openblas_set_num_threads(1);
+        omp_set_num_threads(1);
+        r.sgemm_1t_cpu_ms = time_ms(
+            [&] {
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                          static_cast<int>(k), 1.0f, x_f32.data(), static_cast<int>(k), w_deq.data(),
+                          static_cast<int>(k), 0.0f, c.data(), static_cast<int>(n));
+            },
+            runs, flush, true).median;
+        r.fast_1t_cpu_ms = time_ms([&] { linear(args, RunOptions{Backend::Cpu}); }, runs, flush, true).median;
+        openblas_set_num_threads(threads);
+        omp_set_num_threads(threads);
+      }
       const double gflop = 2.0 * m * n * k * 1e-9;
       std::printf("%6lld %6lld %6lld | %10.3f %10.3f %6.2fx | %10.3f %6.2fx | %9.1f %9.1f\n",
                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), r.sgemm_ms,
                   r.fast_ms, r.fast_ms / r.sgemm_ms, r.own_ms, own_available ? r.own_ms / r.sgemm_ms : 0.0,
                   gflop / r.sgemm_ms * 1e3, gflop / r.fast_ms * 1e3);
+      if (cpu_time)
+        std::printf("%6s %6s %6s | 1 thread, CPU time: sgemm %.3f ms, fast %.3f ms, ratio %.2fx\n", "", "", "",
+                    r.sgemm_1t_cpu_ms, r.fast_1t_cpu_ms, r.fast_1t_cpu_ms / r.sgemm_1t_cpu_ms);
       std::fflush(stdout);
       results.push_back(r);
     }
@@ -269,7 +300,8 @@ int main(int argc, char** argv) {
      << "  \"recipe\": \"" << weight_recipe.name() << " x " << act_recipe.name() << ", bf16 in, bf16 out\",\n"
      << "  \"baseline\": \"cblas_sgemm fp32 (weights pre-dequantized), " << threads << " OpenBLAS threads\",\n"
      << "  \"timing\": \"median of " << runs << " runs after 2 warm-ups" << (flush_cache ? ", LLC flushed before each run" : "")
-     << "\",\n  \"kernel\": \"" << fast::kernel_name(fast::active_kernel()) << "\",\n  \"results\": [\n";
+     << "\",\n  \"kernel\": \"auto: " << fast::kernel_name(fast::active_kernel(1)) << " below 64 rows, "
+     << fast::kernel_name(fast::active_kernel(128)) << " from 64 rows\",\n  \"results\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double gflop = 2.0 * r.shape.m * r.shape.n * r.shape.k * 1e-9;
@@ -278,6 +310,9 @@ int main(int argc, char** argv) {
        << ", \"ratio\": " << r.fast_ms / r.sgemm_ms << ", \"sgemm_gflops\": " << gflop / r.sgemm_ms * 1e3
        << ", \"fast_gflops\": " << gflop / r.fast_ms * 1e3 << ", \"sgemm_min_ms\": " << r.sgemm_min_ms
        << ", \"fast_min_ms\": " << r.fast_min_ms;
+    if (cpu_time)
+      js << ", \"sgemm_1thread_cpu_ms\": " << r.sgemm_1t_cpu_ms << ", \"fast_1thread_cpu_ms\": " << r.fast_1t_cpu_ms
+         << ", \"ratio_1thread_cpu\": " << r.fast_1t_cpu_ms / r.sgemm_1t_cpu_ms;
     if (own_available)
       js << ", \"avx512_ms\": " << r.own_ms << ", \"avx512_ratio\": " << r.own_ms / r.sgemm_ms
          << ", \"avx512_min_ms\": " << r.own_min_ms;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -45,8 +46,6 @@ namespace finegemm::cpu::fast {
 namespace {
 
 // NOTE: tile sizes measured on 2 Sapphire Rapids cores (bench_cpu_linear): 64 weight rows x 512 K per tile.
-constexpr int64_t NB = 64;   // weight rows (output columns) per task
-constexpr int64_t KB = 512;  // K panel dequantized at once; multiple of 32 so FP4 bytes and MX groups align
 constexpr double kParallelMinMacs = 4.0e6;  // below this a gemm runs on the calling thread
 
 // ---- Decode tables.
@@ -112,16 +111,46 @@ Kernel kernel_from_env() {
   return k;
 }
 
-// OpenBLAS when it runs a kernel as good as the CPU allows, else our AVX-512 micro-kernel, else portable C++.
-Kernel resolve_kernel() {
+// OpenBLAS sgemm on tiles pays for packing both operands on every call: below this many rows of x our
+// AVX-512 kernel is as fast or faster.
+// NOTE: 1 thread, CPU time, N=2112 K=7168: M=16 OpenBLAS tiles 8.2-13 ms, AVX-512 kernel 7.3-8.3 ms, sgemm 9.8 ms;
+// M=128 OpenBLAS tiles 37 ms, AVX-512 kernel 54 ms, sgemm 32 ms.
+constexpr int64_t kBlasMinRows = 64;
+
+// The kernel for an m-row product: the one a test or FINEGEMM_CPU_KERNEL asked for, else OpenBLAS for large m
+// when it runs a kernel as good as the CPU allows, else our AVX-512 micro-kernel, else portable C++.
+Kernel resolve_kernel(int64_t m) {
   Kernel k = g_kernel.load(std::memory_order_relaxed);
   if (k != Kernel::Auto) return k;
   k = kernel_from_env();
   if (k != Kernel::Auto) return k;
   const bool avx512 = kernel_available(Kernel::Avx512);
-  if (kernel_available(Kernel::Blas) && (blas_is_avx512() || !avx512)) return Kernel::Blas;
+  if (kernel_available(Kernel::Blas) && (!avx512 || (blas_is_avx512() && m >= kBlasMinRows))) return Kernel::Blas;
   if (avx512) return Kernel::Avx512;
   return Kernel::Portable;
+}
+
+// Tile shape: weight rows per task (NB) x K columns dequantized at once (KB, a multiple of 32 so that FP4
+// bytes and MX groups line up). The scratch tile is NB x KB fp32 (512 KB for OpenBLAS: L2-resident).
+// NOTE: 1 thread, M=128 N=2112 K=7168, OpenBLAS tiles: 64x512 43.0 ms, 128x1024 37.5 ms, 256x1024 36.7 ms
+// (sgemm 31.6 ms); 128 rather than 256 keeps 2 threads balanced on N=2112 (17 tiles, not 9).
+// The AVX-512 kernel is best at 64x512 (its 4x4 dot products reduce once per panel).
+struct TileConfig {
+  Kernel kernel;
+  int64_t nb, kb;
+};
+TileConfig choose_tiles(int64_t m, int64_t n, int64_t k) {
+  TileConfig c{resolve_kernel(m), 64, 512};
+  if (c.kernel == Kernel::Blas) c.nb = 128, c.kb = 1024;
+  static const bool print = [] {
+    const char* v = std::getenv("FINEGEMM_PRINT_CONFIG");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (print)
+    std::fprintf(stderr, "finegemm cpu gemm M=%lld N=%lld K=%lld: kernel %s, tiles %lldx%lld\n",
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                 kernel_name(c.kernel), static_cast<long long>(c.nb), static_cast<long long>(c.kb));
+  return c;
 }
 
 // ---- Weight scales: one value per (row group, K group).
@@ -440,7 +469,7 @@ void set_kernel(Kernel kernel) {
   g_kernel.store(kernel);
 }
 
-Kernel active_kernel() { return resolve_kernel(); }
+Kernel active_kernel(int64_t m) { return resolve_kernel(m); }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
@@ -493,7 +522,9 @@ QuantizedWeight quantized_weight(const TensorView& weight, const TensorView& wei
 
 void gemm(const float* x, int64_t m, int64_t lda, const QuantizedWeight& w, const Epilogue& epilogue) {
   if (m <= 0 || w.n <= 0) return;
-  const Kernel kernel = resolve_kernel();
+  const TileConfig config = choose_tiles(m, w.n, w.k);
+  const Kernel kernel = config.kernel;
+  const int64_t NB = config.nb, KB = config.kb;
   // The portable kernel also decodes without SIMD: it stands for CPUs without AVX-512 (and tests that path).
   const bool avx512 = kernel != Kernel::Portable && cpu_has_avx512();
   const ScaleReader scales = scale_reader(w);
@@ -555,7 +586,7 @@ void quantize_dequantize_activations(const TensorView& x, const TensorView& x_sc
   const float* s = prequantized ? x_scale.ptr<const float>() : nullptr;
   const float* lut = tables().e4m3;
   const bool is_static = recipe.is_static();
-  const bool avx512 = resolve_kernel() != Kernel::Portable && cpu_has_avx512();
+  const bool avx512 = resolve_kernel(m) != Kernel::Portable && cpu_has_avx512();
 
   // Row chunks in parallel; rows are independent, so the chunking changes nothing.
   const int threads = omp_get_max_threads();

@@ -1,6 +1,6 @@
 // The CPU fast path's engine, shared by fast_linear and fast_moe: out = x · dequant(W)ᵀ with W kept
 // quantized in memory. Each OpenMP task owns NB output columns (NB weight rows); it dequantizes its rows one
-// K-panel at a time into an fp32 scratch tile and multiplies it with every row of x (OpenBLAS sgemm on the
+// KB-wide K-panel at a time into an fp32 scratch tile and multiplies it with every row of x (OpenBLAS sgemm on the
 // tile, or our own AVX-512 / portable micro-kernel). The arithmetic of one output element never depends on
 // the thread count, so results are the same bits for any number of threads.
 #pragma once
@@ -48,10 +48,12 @@ void quantize_dequantize_activations(const TensorView& x, const TensorView& x_sc
 // A float-like vector (F32/BF16/F16) as fp32.
 std::vector<float> to_float(const TensorView& t, int64_t offset, int64_t count);
 
-// Test hooks: the micro-kernel the tiles use. Auto picks OpenBLAS when built with it, else the best SIMD.
+// Test hooks: the micro-kernel the tiles use. Auto: OpenBLAS for 64+ rows when it runs an AVX-512 core (or
+// the CPU has no AVX-512), else our AVX-512 kernel, else portable C++. FINEGEMM_CPU_KERNEL=blas|avx512|portable
+// overrides; FINEGEMM_PRINT_CONFIG=1 prints each product's kernel and tile shape.
 enum class Kernel { Auto, Blas, Avx512, Portable };
 void set_kernel(Kernel kernel);
-Kernel active_kernel();
+Kernel active_kernel(int64_t m);  // the kernel an m-row product runs with now
 const char* kernel_name(Kernel kernel);
 bool kernel_available(Kernel kernel);
 
