@@ -113,9 +113,12 @@ Kernel kernel_from_env() {
 
 // OpenBLAS sgemm on tiles pays for packing both operands on every call: below this many rows of x our
 // AVX-512 kernel is as fast or faster.
-// NOTE: 1 thread, CPU time, N=2112 K=7168: M=16 OpenBLAS tiles 8.2-13 ms, AVX-512 kernel 7.3-8.3 ms, sgemm 9.8 ms;
-// M=128 OpenBLAS tiles 37 ms, AVX-512 kernel 54 ms, sgemm 32 ms.
+// NOTE: 1 thread, CPU time, N=2112 K=7168: M=16 OpenBLAS tiles 8.2-13 ms, AVX-512 kernel 6.6 ms, sgemm 9.4 ms;
+// M=128 OpenBLAS tiles 37 ms, AVX-512 kernel 40 ms, sgemm 31 ms.
 constexpr int64_t kBlasMinRows = 64;
+// From this many rows the AVX-512 kernel runs outer products on transposed x (no reductions) instead of
+// 4x4 blocks of dot products.
+constexpr int64_t kOuterMinRows = 16;
 
 // The kernel for an m-row product: the one a test or FINEGEMM_CPU_KERNEL asked for, else OpenBLAS for large m
 // when it runs a kernel as good as the CPU allows, else our AVX-512 micro-kernel, else portable C++.
@@ -134,7 +137,7 @@ Kernel resolve_kernel(int64_t m) {
 // bytes and MX groups line up). The scratch tile is NB x KB fp32 (512 KB for OpenBLAS: L2-resident).
 // NOTE: 1 thread, M=128 N=2112 K=7168, OpenBLAS tiles: 64x512 43.0 ms, 128x1024 37.5 ms, 256x1024 36.7 ms
 // (sgemm 31.6 ms); 128 rather than 256 keeps 2 threads balanced on N=2112 (17 tiles, not 9).
-// The AVX-512 kernel is best at 64x512 (its 4x4 dot products reduce once per panel).
+// The AVX-512 kernel measured best at 64x512.
 struct TileConfig {
   Kernel kernel;
   int64_t nb, kb;
@@ -398,6 +401,49 @@ FG_AVX512 void tile_gemm_avx512(const float* x, int64_t m, int64_t lda, const fl
     default: break;
   }
 }
+
+// Many rows: outer products. x is packed transposed and zero-padded to m16 rows (xt[k * m16 + i]), the
+// accumulator is transposed too (acct[j * m16 + i]); each k step loads kMV vectors of 16 rows of x and
+// broadcasts kNR weights, kMV x kNR FMAs with no reduction at all.
+// NOTE: 1 thread, CPU time, N=2112 K=7168: M=128 54 ms with 4x4 dot products, 40 ms with 32x8 outer products
+// (OpenBLAS sgemm on fp32 weights 31 ms); M=16 8.2 ms -> 6.6 ms (sgemm 9.4 ms).
+template <int kMV, int kNR>
+FG_AVX512 inline void outer_avx512(const float* xt, int64_t m16, const float* tile, int64_t ldt, int64_t kb,
+                                   float* acct) {
+  static_assert(kMV >= 1 && kNR >= 1 && kMV * kNR <= 24, "the accumulators must fit in 32 zmm registers");
+  __m512 c[kNR][kMV];
+  for (int j = 0; j < kNR; ++j)
+    for (int v = 0; v < kMV; ++v) c[j][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kb; ++k) {
+    __m512 a[kMV];
+    for (int v = 0; v < kMV; ++v) a[v] = _mm512_loadu_ps(xt + k * m16 + 16 * v);
+    for (int j = 0; j < kNR; ++j) {
+      const __m512 b = _mm512_set1_ps(tile[j * ldt + k]);
+      for (int v = 0; v < kMV; ++v) c[j][v] = _mm512_fmadd_ps(a[v], b, c[j][v]);
+    }
+  }
+  for (int j = 0; j < kNR; ++j)
+    for (int v = 0; v < kMV; ++v) {
+      float* dst = acct + j * m16 + 16 * v;
+      _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), c[j][v]));
+    }
+}
+
+template <int kMV>
+FG_AVX512 void outer_cols_avx512(const float* xt, int64_t m16, const float* tile, int64_t nb, int64_t kb, int64_t ldt,
+                                 float* acct) {
+  constexpr int kNR = 8;
+  int64_t j = 0;
+  for (; j + kNR <= nb; j += kNR) outer_avx512<kMV, kNR>(xt, m16, tile + j * ldt, ldt, kb, acct + j * m16);
+  for (; j < nb; ++j) outer_avx512<kMV, 1>(xt, m16, tile + j * ldt, ldt, kb, acct + j * m16);
+}
+
+FG_AVX512 void tile_gemm_outer_avx512(const float* xt, int64_t m16, const float* tile, int64_t nb, int64_t kb,
+                                      int64_t ldt, float* acct) {
+  int64_t i = 0;
+  for (; i + 32 <= m16; i += 32) outer_cols_avx512<2>(xt + i, m16, tile, nb, kb, ldt, acct + i);
+  if (i < m16) outer_cols_avx512<1>(xt + i, m16, tile, nb, kb, ldt, acct + i);
+}
 #endif
 
 void tile_gemm(Kernel kernel, const float* x, int64_t m, int64_t lda, const float* tile, int64_t nb, int64_t kb,
@@ -536,10 +582,24 @@ void gemm(const float* x, int64_t m, int64_t lda, const QuantizedWeight& w, cons
   // NOTE: a parallel region costs 5-20 us, and far more when the cores are shared (a 2-core CI box running
   // tests side by side: the MoE tests ran 8x slower with 2 threads than with 1). Small products stay serial.
   const bool parallel = n_tiles > 1 && static_cast<double>(m) * w.n * w.k >= kParallelMinMacs;
+
+  // Outer-product mode (AVX-512 kernel, many rows): x transposed once for all tiles, zero-padded to m16 rows.
+  const bool outer = kernel == Kernel::Avx512 && m >= kOuterMinRows;
+  const int64_t m16 = (m + 15) / 16 * 16;
+  std::vector<float> xt;
+  if (outer) {
+    xt.assign(static_cast<size_t>(w.k * m16), 0.0f);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t c0 = 0; c0 < w.k; c0 += 64)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = c0; c < std::min(c0 + 64, w.k); ++c) xt[c * m16 + i] = x[i * lda + c];
+  }
+
 #pragma omp parallel if (parallel)
   {
     std::vector<float> tile(static_cast<size_t>(NB * KB));
-    std::vector<float> acc(static_cast<size_t>(m * NB));
+    std::vector<float> acc(static_cast<size_t>((outer ? m16 : m) * NB));
+    std::vector<float> row(static_cast<size_t>(outer ? NB : 0));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n_tiles; ++t) {
       const int64_t n0 = t * NB;
@@ -548,9 +608,22 @@ void gemm(const float* x, int64_t m, int64_t lda, const QuantizedWeight& w, cons
       for (int64_t k0 = 0; k0 < w.k; k0 += KB) {
         const int64_t kb = std::min(KB, w.k - k0);
         dequantize_tile(w, scales, n0, nb, k0, kb, tile.data(), KB, avx512);
+#if FG_HAVE_AVX512_KERNELS
+        if (outer) {
+          tile_gemm_outer_avx512(xt.data() + k0 * m16, m16, tile.data(), nb, kb, KB, acc.data());
+          continue;
+        }
+#endif
         tile_gemm(kernel, x + k0, m, lda, tile.data(), nb, kb, KB, acc.data(), NB);
       }
-      for (int64_t i = 0; i < m; ++i) store_row(epilogue, i, n0, acc.data() + i * NB, nb);
+      for (int64_t i = 0; i < m; ++i) {
+        if (outer) {
+          for (int64_t j = 0; j < nb; ++j) row[j] = acc[j * m16 + i];
+          store_row(epilogue, i, n0, row.data(), nb);
+        } else {
+          store_row(epilogue, i, n0, acc.data() + i * NB, nb);
+        }
+      }
     }
   }
 }
