@@ -39,17 +39,18 @@ namespace fast = finegemm::cpu::fast;
 
 namespace {
 
+// (Unused helpers in a build without OpenBLAS, where main only explains itself.)
 struct Shape {
   int64_t m, n, k;
 };
 
-std::string trim(std::string s) {
+[[maybe_unused]] std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   while (!s.empty() && s.front() == ' ') s.erase(s.begin());
   return s;
 }
 
-std::string command_output(const char* cmd) {
+[[maybe_unused]] std::string command_output(const char* cmd) {
   std::string out;
   if (FILE* p = popen(cmd, "r")) {
     char buf[256];
@@ -59,7 +60,7 @@ std::string command_output(const char* cmd) {
   return trim(out);
 }
 
-std::string cpu_model() {
+[[maybe_unused]] std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
   while (std::getline(f, line))
@@ -67,7 +68,7 @@ std::string cpu_model() {
   return "unknown";
 }
 
-int64_t llc_bytes() {
+[[maybe_unused]] int64_t llc_bytes() {
   std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
   int64_t kib = 0;
   std::string unit;
@@ -75,7 +76,7 @@ int64_t llc_bytes() {
   return int64_t(64) << 20;
 }
 
-std::string json_escape(const std::string& s) {
+[[maybe_unused]] std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     if (c == '"' || c == '\\') o += '\\';
@@ -105,7 +106,7 @@ struct Timing {
   double median = 0, min = 0;
 };
 
-double process_cpu_ms() {
+[[maybe_unused]] double process_cpu_ms() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
@@ -141,6 +142,12 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if !FINEGEMM_WITH_BLAS
+  (void)argc;
+  (void)argv;
+  std::fprintf(stderr, "bench_cpu_linear: this build has no OpenBLAS (FINEGEMM_BLAS=OFF); nothing to compare with\n");
+  return 1;
+#else
   bool quick = false, flush_cache = true, cpu_time = false;
   int runs = 7;
   std::string out_path;
@@ -158,10 +165,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-#if !FINEGEMM_WITH_BLAS
-  std::fprintf(stderr, "bench_cpu_linear: this build has no OpenBLAS (FINEGEMM_BLAS=OFF); nothing to compare with\n");
-  return 1;
-#else
   // NOTE: OpenBLAS 0.3.21 (Debian 12) does not know Emerald Rapids and falls back to Prescott (SSE3) kernels,
   // 10x slower: a baseline that weak flatters the fast path. The core type is read when the library loads, so
   // run again with it set.
