@@ -103,6 +103,30 @@ INSTANTIATE_TEST_SUITE_P(AllRecipes, CudaLinearRecipes,
                          ::testing::Combine(::testing::Range(0, static_cast<int>(all_recipes().size())),
                                             ::testing::Range(0, 5)));
 
+// Every compiled tile config and split-K, forced through FINEGEMM_GEMM_CONFIG, on shapes with tails in M and N,
+// for each kind of promotion (128-wide, 32-wide, none).
+TEST_F(CudaTest, EveryTileConfig) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[8], recipes[9], recipes[1]};  // block128, 32x32, channel, ue8m0
+  for (const char* config : {"64x64:1", "64x128:3", "128x64:1", "128x128:2", "128x192:1", "128x192:4", "64x64:5"}) {
+    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    for (const auto& recipe : kinds) {
+      for (int64_t m : {1, 200}) {
+        const int64_t n = 400, k = 1024;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
+        Buffer ref(DType::BF16, {m, n});
+        LinearArgs ref_args = c.args;
+        ref_args.out = ref;
+        linear(ref_args, {Backend::Reference});
+        const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+        EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m;
+        EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m;
+      }
+    }
+  }
+  unsetenv("FINEGEMM_GEMM_CONFIG");
+}
+
 TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
   const auto recipe = all_recipes()[0];  // block 128×128, group 128
   const int64_t m = 77, n = 384, k = 1536;

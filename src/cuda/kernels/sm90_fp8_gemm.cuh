@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
   const bool b_uniform = p.b_block_n % BLOCK_N == 0;
+  const bool b_chunk_uniform = p.b_block_n % 8 == 0;
 
   // Barriers: full[s] completes on the TMA thread's expect_tx plus the bytes, and (with promotion) on the 32
   // arrivals of the scale-loader warp; empty[s] on one arrive per consumer warp.
@@ -118,8 +119,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
   if (warpgroup == kNumConsumers) {
     // ---------------- Producer warpgroup: warp 0 issues TMA, warp 1 stages the promotion scales.
-    // NOTE: 56, not 40: the scale-loader warp spilled at 40.
-    ptx::setmaxnreg_dec<56>();
+    // NOTE: 64, not 40: the scale-loader warps spilled at 40 and 56.
+    ptx::setmaxnreg_dec<64>();
     const int warp = (threadIdx.x % 128) / 32;
     if (warp == 0 && lane == 0) {
       ptx::prefetch_tensor_map(&tma_a);
@@ -136,14 +137,19 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           ptx::tma_load_2d(smem_b + stage * Smem::kStageB, &tma_b, &full[stage], kb * kGemmBlockK, tile.n_block * BLOCK_N);
         }
       }
-    } else if (kPromote && warp == 1) {
-      // NOTE: scales are gathered with plain loads running up to kNumStages K-blocks ahead of the math, so their
-      // latency never sits on the consumers' path; any scale layout (row- or column-major, packed) works.
+    } else if (kPromote) {
+      // Warps 1..3 stage the promotion scales, taking the K blocks in turn.
+      // NOTE: one warp gathering every stage was latency-bound (a dependent global load per stage): decode at
+      // M=1, N=7168, K=16384 streamed 1.5 TB/s. Three warps keep three stages' loads in flight.
+      // Scales are gathered with plain loads up to kNumStages K blocks ahead of the math, so any scale layout
+      // (row- or column-major, UE8M0, packed) works and the latency never sits on the consumers' path.
+      const int loader = warp - 1;
       uint32_t iter = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         const TileInfo tile = scheduler.tile(t);
         const int m0 = tile.m_block * BLOCK_M, n0 = tile.n_block * BLOCK_N;
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+          if (static_cast<int>(iter % 3) != loader) continue;
           const int stage = iter % kNumStages;
           ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
 #pragma unroll 1
@@ -152,15 +158,25 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             float* sa = stage_scales_a(stage, sub);
             float* sb = stage_scales_b(stage, sub);
             const int g = min(k_global / p.a_group, p.a_scale_cols - 1);
-            for (int i = lane; i < BLOCK_M; i += 32) {
-              const int row = min(m0 + i, p.m - 1);
-              sa[i] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
-            }
             const int kb_scale = min(k_global / p.b_block_k, p.b_scale_cols - 1);
-            for (int i = lane; i < (b_uniform ? 1 : BLOCK_N); i += 32) {
-              const int col = min(n0 + i, p.n - 1);
-              sb[i] = p.b_scale ? load_b_scale(p, col / p.b_block_n, kb_scale) : 1.0f;
+            float va[BLOCK_M / 32], vb[(BLOCK_N + 31) / 32];
+            // Issue every load of the slice before the first store.
+#pragma unroll
+            for (int j = 0; j < BLOCK_M / 32; ++j) {
+              const int row = min(m0 + lane + 32 * j, p.m - 1);
+              va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
             }
+#pragma unroll
+            for (int j = 0; j < (BLOCK_N + 31) / 32; ++j) {
+              const int i = lane + 32 * j;
+              const int col = min(n0 + i, p.n - 1);
+              vb[j] = (p.b_scale && i < BLOCK_N && (!b_uniform || i == 0)) ? load_b_scale(p, col / p.b_block_n, kb_scale) : 1.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < BLOCK_M / 32; ++j) sa[lane + 32 * j] = va[j];
+#pragma unroll
+            for (int j = 0; j < (BLOCK_N + 31) / 32; ++j)
+              if (lane + 32 * j < BLOCK_N) sb[lane + 32 * j] = vb[j];
           }
           ptx::mbar_arrive(&full[stage]);
         }
@@ -168,7 +184,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     }
   } else {
     // ---------------- Consumer warpgroups: wgmma, promotion, epilogue.
-    // Registers: 128·56 + kNumConsumers·128·kConsumerRegs must fit the 64K of an SM.
+    // Registers: 128·64 + kNumConsumers·128·kConsumerRegs must fit the 64K of an SM.
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32;
@@ -220,8 +236,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // Promote: total += acc · sa · sb.
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; ++c) {
-              const float sbc = b_uniform ? sb_uniform : sb[c * 8 + col_in_chunk];
-              const float sbd = b_uniform ? sb_uniform : sb[c * 8 + col_in_chunk + 1];
+              // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
+              const float sbc = b_uniform ? sb_uniform : sb[c * 8 + (b_chunk_uniform ? 0 : col_in_chunk)];
+              const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[c * 8 + col_in_chunk + 1]);
               total[c * 4 + 0] = fmaf(acc[c * 4 + 0], sa0 * sbc, total[c * 4 + 0]);
               total[c * 4 + 1] = fmaf(acc[c * 4 + 1], sa0 * sbd, total[c * 4 + 1]);
               total[c * 4 + 2] = fmaf(acc[c * 4 + 2], sa1 * sbc, total[c * 4 + 2]);

@@ -110,6 +110,7 @@ void dispatch_config(const GemmConfig& c, const CUtensorMap& a, const CUtensorMa
   if (c.block_m == 64 && c.block_n == 128) return launch_config<64, 128, 8, kPromoteK>(a, b, p, s, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 64) return launch_config<128, 64, 8, kPromoteK>(a, b, p, s, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 128) return launch_config<128, 128, 6, kPromoteK>(a, b, p, s, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 192) return launch_config<128, 192, 5, kPromoteK>(a, b, p, s, c.grid, stream);
   throw Error("gemm config: no compiled kernel for " + c.describe());
 }
 
@@ -145,9 +146,19 @@ GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
       }
     }
   } else {
-    // Prefill is bound by the tensor cores: wide tiles, narrower only when they would leave SMs idle.
-    const int tiles128 = ceil_div(m, c.block_m) * ceil_div(n, 128);
-    c.block_n = tiles128 >= num_sms / 2 ? 128 : 64;
+    // Prefill is bound by the tensor cores and by L2→SM traffic: wider tiles move fewer bytes per FLOP.
+    // NOTE: 128x128 tiles ran at ~500 TFLOPS at M=4096 (L2-bound: 128 FLOP per byte loaded).
+    // Cost = waves × tile area / efficiency of the tile width.
+    double best = 1e300;
+    for (int bn : {64, 128, 192}) {
+      const double efficiency = bn == 192 ? 1.0 : (bn == 128 ? 0.8 : 0.55);
+      const int tiles = ceil_div(m, c.block_m) * ceil_div(n, bn);
+      const double cost = static_cast<double>(ceil_div(tiles, num_sms)) * bn / efficiency;
+      if (cost < best) {
+        best = cost;
+        c.block_n = bn;
+      }
+    }
     const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
     if (tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
   }
@@ -160,7 +171,7 @@ GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
     }
     if (got == 3) c.split_k = split;
   }
-  c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : 6);
+  c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : (c.block_n == 128 ? 6 : 5));
   c.split_k = std::max(1, std::min(c.split_k, num_kb));
   c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
   c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
