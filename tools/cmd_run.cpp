@@ -198,7 +198,7 @@ int run_synthetic(Backend backend, int64_t tokens, int64_t iters, uint64_t seed,
               failures ? "FAIL" : "ok", rows.size() - failures, rows.size(), kMoeTolerance,
               static_cast<long long>(rows.empty() ? 0 : rows.front().checked_tokens), elapsed);
   if (backend != Backend::Cuda && !cuda_available())
-    std::printf("(no CUDA device here: `finegemm run --backend cuda` runs the sm_90a kernels on a Hopper GPU)\n");
+    std::printf("(no CUDA device here: on a Hopper GPU, `finegemm run --backend cuda` runs the CUDA backend)\n");
   return failures ? 1 : 0;
 }
 
