@@ -27,7 +27,16 @@ _original_forwards = {}  # class → its forward before enable()
 def _fp8_module():
     import importlib
 
-    return importlib.import_module("transformers.integrations.finegrained_fp8")
+    # Newer releases moved the module to integrations/finegrained.py (FineGrainedLinear, FineGrainedExperts).
+    error = None
+    for name in ("transformers.integrations.finegrained_fp8", "transformers.integrations.finegrained"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            error = e
+    raise error
 
 
 def _to_local(tensor):
