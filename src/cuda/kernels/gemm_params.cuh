@@ -8,9 +8,22 @@ enum class ScaleFmt : int { F32 = 0, UE8M0 = 1, UE8M0_PACKED = 2 };
 enum class OutDType : int { F32 = 0, BF16 = 1, F16 = 2 };
 enum class VecMode : int { None = 0, PerIndex = 1, Scalar = 2 };  // epilogue row/col scale, bias
 
+// How a tile's B rows map to its columns.
+enum class BLayout : int {
+  Plain = 0,        // tile columns are consecutive B rows
+  GateUpHalves = 1, // first half of the tile: gate rows [0, I); second half: the same rows of up, [I, 2I)
+  Interleaved = 2,  // consecutive B rows, gate = even, up = odd (GPT-OSS native)
+};
+
+// Epilogue kinds (template parameter of the kernel).
+enum class Epilogue : int {
+  Store = 0,       // y = scales · acc + bias (· row_weight), stored as F32/BF16/F16 (or split-K partials)
+  ActRequant = 1,  // h = act(gate, up) from the tile's own columns, requantized to E4M3 with its scales
+};
+
 // y[m, n] = row_scale[m] · col_scale[n] · Σ_kb (a_scale[m, kb] · b_scale[n, kb] · Σ_{k in kb} A[m,k]·B[n,k]) + bias[n]
 struct GemmParams {
-  int m = 0, n = 0, k = 0;
+  int m = 0, n = 0, k = 0;  // m: rows of A (all groups); n: B rows per group (the output columns of Store)
 
   // Promotion (K-granular scales), applied every `promote_k` elements of K (32, 64 or 128).
   int promote_k = 128;
@@ -24,16 +37,36 @@ struct GemmParams {
   int b_block_n = 128, b_block_k = 128;
   int b_scale_cols = 0;  // scales along K (unpacked count)
 
-  // Epilogue.
+  // Groups (MoE experts): B is [groups · n, K]; scales and vectors move by these strides per group.
+  int64_t b_scale_group_stride = 0;   // scale elements (or packed words) per group
+  int64_t row_scale_group_stride = 0; // Scalar row scale: offset per group (static per-expert activation scale)
+  int64_t col_group_stride = 0;       // per-channel col_scale / per-tensor col scale: offset per group
+  int64_t bias_group_stride = 0;      // bias: offset per group
+  BLayout b_layout = BLayout::Plain;
+  int gate_up_split = 0;              // GateUpHalves: first row of up (I)
+
+  // Epilogue (Store).
   VecMode row_mode = VecMode::None;
   const float* row_scale = nullptr;
   VecMode col_mode = VecMode::None;
   const float* col_scale = nullptr;
   int bias_dtype = -1;  // -1 none, else OutDType numbering
   const void* bias = nullptr;
+  const float* row_weight = nullptr;  // optional per-row multiplier after the bias (MoE routing weights)
   OutDType out_dtype = OutDType::BF16;
   void* out = nullptr;
   int64_t ldo = 0;
+
+  // Epilogue (ActRequant): h [m, I] E4M3 with scales, I = output columns.
+  int act_kind = 0;  // MoeActivation numbering: 0 SwiGLU, 1 SwiGLUOai, 2 Silu, 3 Gelu, 4 Relu2
+  float swiglu_limit = 0.0f, swiglu_alpha = 1.702f;
+  int requant_group = 128;            // dynamic group along I; 0: static per-group scale
+  bool requant_pow2 = false;
+  const float* requant_static = nullptr;  // [groups]: static scale of each group (expert)
+  uint8_t* out_q = nullptr;
+  float* out_q_scale = nullptr;       // [m, I / requant_group]
+  int64_t ld_q = 0, ld_q_scale = 0;
+  int out_cols = 0;                   // I
 
   // Split-K: partial sums (promotion applied, epilogue not) go to workspace[split][m][n].
   float* workspace = nullptr;

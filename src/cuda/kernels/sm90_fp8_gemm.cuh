@@ -7,12 +7,16 @@
 //     wgmma m64nBLOCK_Nk32. With kPromote, the wgmma result of every `promote_k` slice of K is scaled by the
 //     A (row, group) and B (block row, block) scales and added to FP32 registers: the block-scaled recipes.
 //     Without it, per-tensor/per-channel/per-token scales are folded into the epilogue.
+//   - the scheduler (a template parameter) maps tiles to rows, column blocks, groups (MoE experts) and K ranges;
+//   - the epilogue (a template parameter) stores y, or applies the MoE activation to the tile's gate/up columns and
+//     requantizes the result to E4M3 (the intermediate never reaches memory in high precision).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "core/formats.hpp"
 #include "cuda/kernels/gemm_params.cuh"
+#include "cuda/kernels/quant_activations.cuh"
 #include "cuda/ptx/ptx.cuh"
 #include "cuda/ptx/wgmma_fp8.cuh"
 #include "cuda/scheduler/gemm_scheduler.cuh"
@@ -23,7 +27,7 @@ inline constexpr int kGemmBlockK = 128;
 
 // kPromoteK: 0 when no scale varies along K (they fold into the epilogue), else the K slice (32, 64 or 128)
 // after which the wgmma result is scaled and added to the FP32 total.
-template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK>
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes = 0>
 struct GemmSmem {
   static constexpr int kSubs = kPromoteK == 0 ? 0 : kGemmBlockK / kPromoteK;
   static constexpr int kStageA = BLOCK_M * kGemmBlockK;
@@ -32,23 +36,54 @@ struct GemmSmem {
   static constexpr int kStageScales = kSubs * (BLOCK_M + BLOCK_N) * 4;
   static constexpr int kBarriers = 2 * kNumStages * 8;
   // +1024: the dynamic base is re-aligned to 1024 B for the 128-byte swizzle.
-  static constexpr int kBytes = kNumStages * (kStageA + kStageB + kStageScales) + kBarriers + 1024;
+  static constexpr int kBytes = kNumStages * (kStageA + kStageB + kStageScales) + kBarriers + kSchedulerBytes + 1024;
 };
 
-__device__ __forceinline__ float load_b_scale(const GemmParams& p, int block_row, int k_index) {
-  if (p.b_scale_fmt == ScaleFmt::F32)
-    return static_cast<const float*>(p.b_scale)[block_row * p.b_scale_stride_n + k_index];
-  if (p.b_scale_fmt == ScaleFmt::UE8M0)
-    return fmt::ue8m0_to_float(static_cast<const uint8_t*>(p.b_scale)[block_row * p.b_scale_stride_n + k_index]);
-  const int32_t word = static_cast<const int32_t*>(p.b_scale)[block_row * p.b_scale_stride_n + (k_index >> 2)];
+__device__ __forceinline__ float load_b_scale(const GemmParams& p, int group, int block_row, int k_index) {
+  const int64_t base = group * p.b_scale_group_stride + block_row * p.b_scale_stride_n;
+  if (p.b_scale_fmt == ScaleFmt::F32) return static_cast<const float*>(p.b_scale)[base + k_index];
+  if (p.b_scale_fmt == ScaleFmt::UE8M0) return fmt::ue8m0_to_float(static_cast<const uint8_t*>(p.b_scale)[base + k_index]);
+  const int32_t word = static_cast<const int32_t*>(p.b_scale)[base + (k_index >> 2)];
   return fmt::ue8m0_to_float(fmt::ue8m0_unpack(word, k_index & 3));
+}
+
+// B row (within the group) of column i of the tile at column block n_block.
+template <int BLOCK_N>
+__device__ __forceinline__ int tile_b_row(const GemmParams& p, int n_block, int i) {
+  if (p.b_layout == BLayout::GateUpHalves) {
+    constexpr int kHalf = BLOCK_N / 2;
+    return (i < kHalf ? 0 : p.gate_up_split) + n_block * kHalf + (i % kHalf);
+  }
+  return n_block * BLOCK_N + i;
+}
+
+__device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + __expf(-v)); }
+
+// The MoE activations (RECIPES.md), in float from the fp32 accumulators.
+__device__ __forceinline__ float gated_act(const GemmParams& p, float gate, float up) {
+  if (p.swiglu_limit > 0.0f) {
+    gate = fminf(gate, p.swiglu_limit);
+    up = fminf(fmaxf(up, -p.swiglu_limit), p.swiglu_limit);
+  }
+  if (p.act_kind == 1) return (up + 1.0f) * gate * sigmoidf_(p.swiglu_alpha * gate);
+  return gate * sigmoidf_(gate) * up;
+}
+__device__ __forceinline__ float plain_act(const GemmParams& p, float up) {
+  switch (p.act_kind) {
+    case 2: return up * sigmoidf_(up);
+    case 3: return 0.5f * up * (1.0f + tanhf(0.7978845608028654f * (up + 0.044715f * up * up * up)));
+    default: {
+      const float r = fmaxf(up, 0.0f);
+      return r * r;
+    }
+  }
 }
 
 __device__ __forceinline__ float load_vec(VecMode mode, const float* v, int index) {
   return mode == VecMode::PerIndex ? v[index] : (mode == VecMode::Scalar ? v[0] : 1.0f);
 }
 
-__device__ __forceinline__ float load_bias(const GemmParams& p, int col) {
+__device__ __forceinline__ float load_bias(const GemmParams& p, int64_t col) {
   switch (p.bias_dtype) {
     case static_cast<int>(OutDType::F32): return static_cast<const float*>(p.bias)[col];
     case static_cast<int>(OutDType::BF16): return __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col]);
@@ -70,22 +105,27 @@ __device__ __forceinline__ void store_pair(const GemmParams& p, int row, int col
   }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, typename Scheduler>
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                         const GemmParams p, const Scheduler scheduler) {
+                         const GemmParams p, const Scheduler scheduler_arg) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M: one or two consumer warpgroups of 64 rows");
-  static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a wgmma N (multiple of 16, at most 256)");
+  static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16, at most 256");
   static_assert(kPromoteK == 0 || kPromoteK == 32 || kPromoteK == 64 || kPromoteK == 128, "kPromoteK: 0, 32, 64, 128");
   constexpr bool kPromote = kPromoteK != 0;
   constexpr int kNumConsumers = BLOCK_M / 64;
-  constexpr int kNumAccum = BLOCK_N / 2;
+  // NOTE: with promotion, a 256-wide tile runs as two n128 wgmma per K slice so that the partial accumulator
+  // (64 registers) fits beside the 128-register total.
+  constexpr int kNChunks = (kPromote && BLOCK_N > 192) ? 2 : 1;
+  constexpr int WGMMA_N = BLOCK_N / kNChunks;
+  constexpr int kNumAcc = WGMMA_N / 2;
+  constexpr int kNumTotal = BLOCK_N / 2;
   constexpr int kConsumerRegs = kNumConsumers == 2 ? 224 : 240;
-  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK>;
+  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes>;
   constexpr int kSubs = Smem::kSubs;
   constexpr int kStepsPerSub = kPromote ? kPromoteK / 32 : kGemmBlockK / 32;
-  using Mma = ptx::WgmmaFp8<BLOCK_N>;
+  using Mma = ptx::WgmmaFp8<WGMMA_N>;
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
@@ -94,6 +134,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   float* smem_scales = reinterpret_cast<float*>(smem_b + kNumStages * Smem::kStageB);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_scales) + kNumStages * Smem::kStageScales);
   uint64_t* empty = full + kNumStages;
+  void* smem_scheduler = empty + kNumStages;
   auto stage_scales_a = [&](int stage, int sub) { return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + sub * BLOCK_M; };
   auto stage_scales_b = [&](int stage, int sub) {
     return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + kSubs * BLOCK_M + sub * BLOCK_N;
@@ -101,7 +142,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
-  const bool b_uniform = p.b_block_n % BLOCK_N == 0;
+  // One B scale for the whole tile, or one per 8-column chunk, or one per column.
+  const bool b_uniform = p.b_layout == BLayout::Plain && p.b_block_n % BLOCK_N == 0;
   const bool b_chunk_uniform = p.b_block_n % 8 == 0;
 
   // Barriers: full[s] completes on the TMA thread's expect_tx plus the bytes, and (with promotion) on the 32
@@ -113,12 +155,14 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     }
     ptx::fence_barrier_init();
   }
+  Scheduler scheduler = scheduler_arg;
+  scheduler.prepare(smem_scheduler, blockDim.x);
   __syncthreads();
 
   const int num_tiles = scheduler.num_tiles();
 
   if (warpgroup == kNumConsumers) {
-    // ---------------- Producer warpgroup: warp 0 issues TMA, warp 1 stages the promotion scales.
+    // ---------------- Producer warpgroup: warp 0 issues TMA, warps 1..3 stage the promotion scales.
     // NOTE: 64, not 40: the scale-loader warps spilled at 40 and 56.
     ptx::setmaxnreg_dec<64>();
     const int warp = (threadIdx.x % 128) / 32;
@@ -128,16 +172,21 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       uint32_t iter = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         const TileInfo tile = scheduler.tile(t);
+        const int b_row0 = tile.group * p.n + tile_b_row<BLOCK_N>(p, tile.n_block, 0);
+        const int b_row1 = tile.group * p.n + tile_b_row<BLOCK_N>(p, tile.n_block, BLOCK_N / 2);
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
           const int stage = iter % kNumStages;
           // Wait until the consumers released this stage (passes at once on the first lap).
           ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
           ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB);
-          ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_block * BLOCK_M);
-          ptx::tma_load_2d(smem_b + stage * Smem::kStageB, &tma_b, &full[stage], kb * kGemmBlockK, tile.n_block * BLOCK_N);
+          ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_row0);
+          // B in two halves of BLOCK_N/2 rows (the gate and up halves of a fused gate_up tile).
+          uint8_t* b_dst = smem_b + stage * Smem::kStageB;
+          ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
+          ptx::tma_load_2d(b_dst + (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage], kb * kGemmBlockK, b_row1);
         }
       }
-    } else if (kPromote) {
+    } else if (kPromote && warp >= 1) {
       // Warps 1..3 stage the promotion scales, taking the K blocks in turn.
       // NOTE: one warp gathering every stage was latency-bound (a dependent global load per stage): decode at
       // M=1, N=7168, K=16384 streamed 1.5 TB/s. Three warps keep three stages' loads in flight.
@@ -147,7 +196,6 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       uint32_t iter = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         const TileInfo tile = scheduler.tile(t);
-        const int m0 = tile.m_block * BLOCK_M, n0 = tile.n_block * BLOCK_N;
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
           if (static_cast<int>(iter % 3) != loader) continue;
           const int stage = iter % kNumStages;
@@ -163,14 +211,16 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // Issue every load of the slice before the first store.
 #pragma unroll
             for (int j = 0; j < BLOCK_M / 32; ++j) {
-              const int row = min(m0 + lane + 32 * j, p.m - 1);
+              const int row = min(tile.m_row0 + lane + 32 * j, p.m - 1);
               va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
             }
 #pragma unroll
             for (int j = 0; j < (BLOCK_N + 31) / 32; ++j) {
               const int i = lane + 32 * j;
-              const int col = min(n0 + i, p.n - 1);
-              vb[j] = (p.b_scale && i < BLOCK_N && (!b_uniform || i == 0)) ? load_b_scale(p, col / p.b_block_n, kb_scale) : 1.0f;
+              const int b_row = min(tile_b_row<BLOCK_N>(p, tile.n_block, min(i, BLOCK_N - 1)), p.n - 1);
+              vb[j] = (p.b_scale && i < BLOCK_N && (!b_uniform || i == 0))
+                          ? load_b_scale(p, tile.group, b_row / p.b_block_n, kb_scale)
+                          : 1.0f;
             }
 #pragma unroll
             for (int j = 0; j < BLOCK_M / 32; ++j) sa[lane + 32 * j] = va[j];
@@ -189,27 +239,28 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32;
     const int row_in_wg = warp * 16 + lane / 4;  // this thread's rows: row_in_wg and row_in_wg + 8
-    const int col_in_chunk = (lane % 4) * 2;     // and +1, in every 8-column chunk
+    const int quad = lane % 4;
+    const int col_in_chunk = quad * 2;           // and +1, in every 8-column chunk
     const int row_in_tile = warpgroup * 64 + row_in_wg;
 
-    float acc[kNumAccum];
-    float total[kPromote ? kNumAccum : 1];
+    float acc[kNumAcc];
+    float total[kPromote ? kNumTotal : 1];
     uint32_t iter = 0;
 
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       const TileInfo tile = scheduler.tile(t);
-      const int row0 = tile.m_block * BLOCK_M + row_in_tile;
+      const int row0 = tile.m_row0 + row_in_tile;
       const int row1 = row0 + 8;
-      const int col_base = tile.n_block * BLOCK_N;
       // Rows past M read a valid row's scale; their results are never stored.
       const int scale_row0 = min(row0, p.m - 1), scale_row1 = min(row1, p.m - 1);
       // Epilogue row scales, loaded early: their latency hides behind the mainloop.
-      const float rs0 = load_vec(p.row_mode, p.row_scale, scale_row0);
-      const float rs1 = load_vec(p.row_mode, p.row_scale, scale_row1);
+      const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? tile.group * p.row_scale_group_stride : 0);
+      const float rs0 = load_vec(p.row_mode, row_scale, scale_row0);
+      const float rs1 = load_vec(p.row_mode, row_scale, scale_row1);
 
       if constexpr (kPromote) {
 #pragma unroll
-        for (int i = 0; i < kNumAccum; ++i) total[i] = 0.0f;
+        for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
           const int stage = iter % kNumStages;
           // Wait for the stage's TMA loads and scales.
@@ -218,31 +269,37 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
 #pragma unroll
           for (int sub = 0; sub < kSubs; ++sub) {
-            ptx::fence_operands(acc);
-            ptx::wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < kStepsPerSub; ++s) {
-              const uint64_t advance = static_cast<uint64_t>((sub * kPromoteK + s * 32) >> 4);
-              Mma::mma(desc_a + advance, desc_b + advance, acc, s > 0);
-            }
-            ptx::wgmma_commit();
-            // Scales of this slice (from shared memory) while the wgmma runs.
-            const float* sa = stage_scales_a(stage, sub);
-            const float* sb = stage_scales_b(stage, sub);
-            const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
-            const float sb_uniform = sb[0];
-            ptx::wgmma_wait<0>();
-            ptx::fence_operands(acc);
-            // Promote: total += acc · sa · sb.
+            for (int ch = 0; ch < kNChunks; ++ch) {
+              ptx::fence_operands(acc);
+              ptx::wgmma_fence();
 #pragma unroll
-            for (int c = 0; c < BLOCK_N / 8; ++c) {
-              // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
-              const float sbc = b_uniform ? sb_uniform : sb[c * 8 + (b_chunk_uniform ? 0 : col_in_chunk)];
-              const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[c * 8 + col_in_chunk + 1]);
-              total[c * 4 + 0] = fmaf(acc[c * 4 + 0], sa0 * sbc, total[c * 4 + 0]);
-              total[c * 4 + 1] = fmaf(acc[c * 4 + 1], sa0 * sbd, total[c * 4 + 1]);
-              total[c * 4 + 2] = fmaf(acc[c * 4 + 2], sa1 * sbc, total[c * 4 + 2]);
-              total[c * 4 + 3] = fmaf(acc[c * 4 + 3], sa1 * sbd, total[c * 4 + 3]);
+              for (int s = 0; s < kStepsPerSub; ++s) {
+                const uint64_t advance = static_cast<uint64_t>((sub * kPromoteK + s * 32) >> 4);
+                const uint64_t chunk_offset = static_cast<uint64_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
+                Mma::mma(desc_a + advance, desc_b + chunk_offset + advance, acc, s > 0);
+              }
+              ptx::wgmma_commit();
+              // Scales of this slice (from shared memory) while the wgmma runs.
+              const float* sa = stage_scales_a(stage, sub);
+              const float* sb = stage_scales_b(stage, sub);
+              const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
+              const float sb_uniform = sb[0];
+              ptx::wgmma_wait<0>();
+              ptx::fence_operands(acc);
+              // Promote: total += acc · sa · sb.
+#pragma unroll
+              for (int c = 0; c < WGMMA_N / 8; ++c) {
+                const int col = ch * WGMMA_N + c * 8;
+                // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
+                const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
+                const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
+                float* tot = total + ch * kNumAcc + c * 4;
+                tot[0] = fmaf(acc[c * 4 + 0], sa0 * sbc, tot[0]);
+                tot[1] = fmaf(acc[c * 4 + 1], sa0 * sbd, tot[1]);
+                tot[2] = fmaf(acc[c * 4 + 2], sa1 * sbc, tot[2]);
+                tot[3] = fmaf(acc[c * 4 + 3], sa1 * sbd, tot[3]);
+              }
             }
           }
           // Release the stage to the producer: one arrive per warp.
@@ -253,7 +310,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.
         int prev_stage = -1;
 #pragma unroll
-        for (int i = 0; i < kNumAccum; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < kNumAcc; ++i) acc[i] = 0.0f;
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
           const int stage = iter % kNumStages;
           ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
@@ -280,59 +337,151 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         }
       }
 
-      // Epilogue: scales, bias, store (or the split-K partial).
-      // NOTE: a lambda over a reference to the register array keeps it in registers (a pointer would spill it).
-      auto epilogue = [&](const float(&result)[kNumAccum]) {
-        if (p.workspace) {
-          float* part = p.workspace + static_cast<int64_t>(tile.split) * p.m * p.n;
+      // Epilogue. NOTE: a lambda over a reference to the register array keeps it in registers (a pointer would
+      // spill it).
+      const float* col_scale = p.col_scale ? p.col_scale + tile.group * p.col_group_stride : nullptr;
+      const int64_t bias_base = tile.group * p.bias_group_stride;
+      // Column i of the tile before the activation: scales and bias applied.
+      auto finish = [&](float v, float rs, int i) {
+        const int b_row = tile_b_row<BLOCK_N>(p, tile.n_block, i);
+        return v * rs * load_vec(p.col_mode, col_scale, b_row) + load_bias(p, bias_base + b_row);
+      };
+      auto epilogue = [&](float(&result)[kNumTotal]) {
+        if constexpr (kEpilogue == Epilogue::Store) {
+          if (p.workspace) {
+            // Split-K partial: promotion applied, epilogue scales left to the reduction.
+            float* part = p.workspace + static_cast<int64_t>(tile.split) * p.m * p.n;
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c) {
+              const int col = tile.n_block * BLOCK_N + c * 8 + col_in_chunk;
+              if (col >= p.n) continue;
+              if (row0 < tile.m_end)
+                *reinterpret_cast<float2*>(part + static_cast<int64_t>(row0) * p.n + col) = make_float2(result[c * 4], result[c * 4 + 1]);
+              if (row1 < tile.m_end)
+                *reinterpret_cast<float2*>(part + static_cast<int64_t>(row1) * p.n + col) = make_float2(result[c * 4 + 2], result[c * 4 + 3]);
+            }
+            return;
+          }
+          const float w0 = (p.row_weight && row0 < tile.m_end) ? p.row_weight[row0] : 1.0f;
+          const float w1 = (p.row_weight && row1 < tile.m_end) ? p.row_weight[row1] : 1.0f;
 #pragma unroll
           for (int c = 0; c < BLOCK_N / 8; ++c) {
-            const int col = col_base + c * 8 + col_in_chunk;
-            if (col >= p.n) continue;
-            if (row0 < p.m)
-              *reinterpret_cast<float2*>(part + static_cast<int64_t>(row0) * p.n + col) = make_float2(result[c * 4], result[c * 4 + 1]);
-            if (row1 < p.m)
-              *reinterpret_cast<float2*>(part + static_cast<int64_t>(row1) * p.n + col) = make_float2(result[c * 4 + 2], result[c * 4 + 3]);
+            const int i = c * 8 + col_in_chunk;
+            const int col = tile.n_block * BLOCK_N + i;
+            if (col >= p.n) continue;  // N is even, so col + 1 < N too
+            if (row0 < tile.m_end)
+              store_pair(p, row0, col, finish(result[c * 4], rs0, i) * w0, finish(result[c * 4 + 1], rs0, i + 1) * w0);
+            if (row1 < tile.m_end)
+              store_pair(p, row1, col, finish(result[c * 4 + 2], rs1, i) * w1, finish(result[c * 4 + 3], rs1, i + 1) * w1);
           }
-          return;
-        }
+        } else {
+          // ---- Fused activation: h = act(gate, up) in place, then E4M3 with per-(row, group) scales.
+          constexpr int kHalfChunks = BLOCK_N / 16;
+          const bool halves = p.b_layout == BLayout::GateUpHalves;
+          const bool interleaved = p.b_layout == BLayout::Interleaved;
+          // Intermediate columns of this tile, and the first one.
+          const int tile_cols = (halves || interleaved) ? BLOCK_N / 2 : BLOCK_N;
+          const int col0 = tile.n_block * tile_cols;
+          if (halves) {
 #pragma unroll
-        for (int c = 0; c < BLOCK_N / 8; ++c) {
-          const int col = col_base + c * 8 + col_in_chunk;
-          if (col >= p.n) continue;  // N is even, so col + 1 < N too
-          const float cs0 = load_vec(p.col_mode, p.col_scale, col), cs1 = load_vec(p.col_mode, p.col_scale, col + 1);
-          const float b0 = load_bias(p, col), b1 = load_bias(p, col + 1);
-          if (row0 < p.m) store_pair(p, row0, col, result[c * 4] * rs0 * cs0 + b0, result[c * 4 + 1] * rs0 * cs1 + b1);
-          if (row1 < p.m) store_pair(p, row1, col, result[c * 4 + 2] * rs1 * cs0 + b0, result[c * 4 + 3] * rs1 * cs1 + b1);
+            for (int c = 0; c < kHalfChunks; ++c)
+#pragma unroll
+              for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                  const int i = c * 8 + col_in_chunk + j;
+                  const float rs = r ? rs1 : rs0;
+                  const float gate = finish(result[c * 4 + r * 2 + j], rs, i);
+                  const float up = finish(result[(c + kHalfChunks) * 4 + r * 2 + j], rs, i + BLOCK_N / 2);
+                  result[c * 4 + r * 2 + j] = gated_act(p, gate, up);
+                }
+          } else if (interleaved) {
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int i = c * 8 + col_in_chunk;
+                const float rs = r ? rs1 : rs0;
+                result[c * 4 + r * 2] = gated_act(p, finish(result[c * 4 + r * 2], rs, i), finish(result[c * 4 + r * 2 + 1], rs, i + 1));
+              }
+          } else {
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c)
+#pragma unroll
+              for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                  result[c * 4 + r * 2 + j] = plain_act(p, finish(result[c * 4 + r * 2 + j], r ? rs1 : rs0, c * 8 + col_in_chunk + j));
+          }
+          // Chunk c's first intermediate column within the tile: 4c when interleaved (one pair per lane), else 8c.
+          const int chunk_cols = interleaved ? 4 : 8;
+          const int num_chunks = halves ? kHalfChunks : BLOCK_N / 8;
+          const int group = p.requant_group > 0 ? p.requant_group : tile_cols;
+          const float static_scale = p.requant_group > 0 ? 0.0f : p.requant_static[tile.group];
+          for (int gi = 0; gi < tile_cols / group; ++gi) {
+            float amax0 = 0.0f, amax1 = 0.0f;
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c) {
+              if (c >= num_chunks || (c * chunk_cols) / group != gi) continue;
+              amax0 = fmaxf(amax0, fabsf(result[c * 4 + 0]));
+              amax1 = fmaxf(amax1, fabsf(result[c * 4 + 2]));
+              if (!interleaved) {
+                amax0 = fmaxf(amax0, fabsf(result[c * 4 + 1]));
+                amax1 = fmaxf(amax1, fabsf(result[c * 4 + 3]));
+              }
+            }
+            // The four lanes of a quad hold one row's columns.
+            amax0 = fmaxf(amax0, __shfl_xor_sync(0xFFFFFFFFu, amax0, 1));
+            amax0 = fmaxf(amax0, __shfl_xor_sync(0xFFFFFFFFu, amax0, 2));
+            amax1 = fmaxf(amax1, __shfl_xor_sync(0xFFFFFFFFu, amax1, 1));
+            amax1 = fmaxf(amax1, __shfl_xor_sync(0xFFFFFFFFu, amax1, 2));
+            float s0 = static_scale, s1 = static_scale;
+            if (p.requant_group > 0) {
+              s0 = fmaxf(amax0, kMinAmax) / kE4M3MaxF;
+              s1 = fmaxf(amax1, kMinAmax) / kE4M3MaxF;
+              if (p.requant_pow2) {
+                s0 = pow2_ceil_device(s0);
+                s1 = pow2_ceil_device(s1);
+              }
+            }
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c) {
+              if (c >= num_chunks || (c * chunk_cols) / group != gi) continue;
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int row = r ? row1 : row0;
+                // Rows of other experts, and intermediate columns past I (a partial last tile), are not written.
+                if (row >= tile.m_end || col0 + c * chunk_cols >= p.out_cols) continue;
+                const float s = r ? s1 : s0;
+                uint8_t* dst = p.out_q + static_cast<int64_t>(row) * p.ld_q + col0;
+                if (interleaved) {
+                  dst[c * 4 + quad] = __nv_cvt_float_to_fp8(result[c * 4 + r * 2] / s, __NV_SATFINITE, __NV_E4M3);
+                } else {
+                  const uint16_t lo = __nv_cvt_float_to_fp8(result[c * 4 + r * 2] / s, __NV_SATFINITE, __NV_E4M3);
+                  const uint16_t hi = __nv_cvt_float_to_fp8(result[c * 4 + r * 2 + 1] / s, __NV_SATFINITE, __NV_E4M3);
+                  *reinterpret_cast<uint16_t*>(dst + c * 8 + col_in_chunk) = static_cast<uint16_t>(lo | (hi << 8));
+                }
+              }
+            }
+            if (p.requant_group > 0 && quad == 0 && col0 + gi * group < p.out_cols) {
+              const int scale_col = (col0 + gi * group) / group;
+              if (row0 < tile.m_end) p.out_q_scale[static_cast<int64_t>(row0) * p.ld_q_scale + scale_col] = s0;
+              if (row1 < tile.m_end) p.out_q_scale[static_cast<int64_t>(row1) * p.ld_q_scale + scale_col] = s1;
+            }
+          }
         }
       };
-      if constexpr (kPromote) epilogue(total);
-      else epilogue(acc);
+      if constexpr (kPromote) {
+        epilogue(total);
+      } else {
+        epilogue(acc);
+      }
     }
   }
 #else
   if (threadIdx.x == 0) printf("finegemm: sm90_fp8_gemm_kernel needs an sm_90a GPU\n");
   __trap();
 #endif
-}
-
-// Split-K finish: out = Σ_split part[split] (in order: deterministic) · row · col scales + bias.
-__global__ void splitk_reduce_kernel(const GemmParams p, int split_k) {
-  const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = i * 2;
-    const int row = static_cast<int>(e / p.n), col = static_cast<int>(e % p.n);
-    float v0 = 0.0f, v1 = 0.0f;
-    for (int s = 0; s < split_k; ++s) {
-      const float2 v = *reinterpret_cast<const float2*>(p.workspace + static_cast<int64_t>(s) * p.m * p.n + e);
-      v0 += v.x;
-      v1 += v.y;
-    }
-    const float rs = load_vec(p.row_mode, p.row_scale, row);
-    store_pair(p, row, col, v0 * rs * load_vec(p.col_mode, p.col_scale, col) + load_bias(p, col),
-               v1 * rs * load_vec(p.col_mode, p.col_scale, col + 1) + load_bias(p, col + 1));
-  }
 }
 
 }  // namespace finegemm::cuda

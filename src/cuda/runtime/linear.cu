@@ -144,9 +144,5 @@ void linear(const LinearArgs& args, void* stream_handle) {
   launch_sm90_fp8_gemm(x_q, k, args.weight.data, args.weight.strides[0], p, stream);
 }
 
-void moe_experts(const MoeArgs& args, void* stream) {
-  // NOTE: the grouped sm_90a MoE path is issue 4; until it lands the block runs on the CPU fast path.
-  moe_on_host(args, static_cast<cudaStream_t>(stream));
-}
 
 }  // namespace finegemm::cuda

@@ -1,5 +1,3 @@
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -7,54 +5,12 @@
 #include <map>
 #include <mutex>
 
-#include "cuda/kernels/sm90_fp8_gemm.cuh"
-#include "cuda/runtime/check.hpp"
+#include "cuda/kernels/splitk_reduce.cuh"
+#include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
 namespace finegemm::cuda {
 namespace {
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    FG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
-    if (status != cudaDriverEntryPointSuccess || !fn)
-      throw Error(ErrorKind::Runtime, "CUDA driver: cuTensorMapEncodeTiled is not available");
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  });
-  return encode;
-}
-
-// A 2-D byte tensor [rows, cols] with row stride `ld` bytes, loaded in boxes of box_rows × 128 bytes, 128B swizzle.
-CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kGemmBlockK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(ptr), dims, strides,
-                                          box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error(ErrorKind::Runtime, "cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
-                                        ") for a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] tensor");
-  return map;
-}
-
-constexpr int kMaxDevices = 64;
-
-int num_sms_of_device(int device) {
-  static std::atomic<int> cache[kMaxDevices] = {};
-  int sms = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    FG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    if (device < kMaxDevices) cache[device].store(sms);
-  }
-  return sms;
-}
 
 // Split-K partials: a buffer per (device, stream), grown outside graph capture and reused, so that decode-sized
 // calls make no allocation. NOTE: while a stream is being captured and the buffer is too small, the call falls
@@ -83,38 +39,18 @@ float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
   return w.ptr;
 }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK>
-void launch_config(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p,
-                   const NormalScheduler& sched, int grid, cudaStream_t stream) {
-  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, NormalScheduler>;
-  constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK>::kBytes;
-  static_assert(kSmem <= 232448, "shared memory: a tile config exceeds the 227 KB an sm_90 block can have");
-  // The shared-memory attribute is per device: set it once on each device this process launches on.
-  static std::atomic<uint64_t> devices_set{0};
-  int device = 0;
-  FG_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = 1ull << (device & 63);
-  if (!(devices_set.load(std::memory_order_relaxed) & bit)) {
-    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    devices_set.fetch_or(bit);
-  }
-  kernel<<<grid, 128 * (BLOCK_M / 64 + 1), kSmem, stream>>>(tma_a, tma_b, p, sched);
-  FG_CUDA_CHECK(cudaGetLastError());
-}
-
-// The compiled tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
+// The compiled dense tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
 template <int kPromoteK>
-void dispatch_config(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
-                     const NormalScheduler& s, cudaStream_t stream) {
-  if (c.block_m == 64 && c.block_n == 64) return launch_config<64, 64, 12, kPromoteK>(a, b, p, s, c.grid, stream);
-  if (c.block_m == 64 && c.block_n == 128) return launch_config<64, 128, 8, kPromoteK>(a, b, p, s, c.grid, stream);
-  if (c.block_m == 128 && c.block_n == 64) return launch_config<128, 64, 8, kPromoteK>(a, b, p, s, c.grid, stream);
-  if (c.block_m == 128 && c.block_n == 128) return launch_config<128, 128, 6, kPromoteK>(a, b, p, s, c.grid, stream);
-  if (c.block_m == 128 && c.block_n == 192) return launch_config<128, 192, 5, kPromoteK>(a, b, p, s, c.grid, stream);
+void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
+                    const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, cudaStream_t stream) {
+  constexpr auto kStore = Epilogue::Store;
+  if (c.block_m == 64 && c.block_n == 64) return launch_kernel<64, 64, 12, kPromoteK, kStore>(a, b, p, s64, c.grid, stream);
+  if (c.block_m == 64 && c.block_n == 128) return launch_kernel<64, 128, 8, kPromoteK, kStore>(a, b, p, s64, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 64) return launch_kernel<128, 64, 8, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
   throw Error("gemm config: no compiled kernel for " + c.describe());
 }
-
-int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 }  // namespace
 
@@ -123,7 +59,7 @@ std::string GemmConfig::describe() const {
          " split_k=" + std::to_string(split_k) + " grid=" + std::to_string(grid);
 }
 
-GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
+GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   GemmConfig c;
   const int num_kb = std::max(1, ceil_div(k, kGemmBlockK));
   c.block_m = m <= 64 ? 64 : 128;
@@ -151,6 +87,7 @@ GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
     // Cost = waves × tile area / efficiency of the tile width.
     double best = 1e300;
     for (int bn : {64, 128, 192}) {
+      if (bn == 192 && promote_k == 32) continue;  // NOTE: 128x192 with 32-wide promotion spilled registers
       const double efficiency = bn == 192 ? 1.0 : (bn == 128 ? 0.8 : 0.55);
       const int tiles = ceil_div(m, c.block_m) * ceil_div(n, bn);
       const double cost = static_cast<double>(ceil_div(tiles, num_sms)) * bn / efficiency;
@@ -178,7 +115,7 @@ GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms) {
   const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
   c.grid = std::min(num_sms, tiles * c.split_k);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: gemm M=%d N=%d K=%d promote=%d -> %s\n", m, n, k, promote ? 1 : 0, c.describe().c_str());
+    std::fprintf(stderr, "finegemm: gemm M=%d N=%d K=%d promote_k=%d -> %s\n", m, n, k, promote_k, c.describe().c_str());
   return c;
 }
 
@@ -187,15 +124,24 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr;
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
-  const GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote, num_sms_of_device(device));
+  const int promote_k = !promote ? 0 : (p.promote_k % 128 == 0 ? 128 : 32);
+  const GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, c.block_m);
-  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, c.block_n);
-  NormalScheduler sched;
-  sched.num_m_blocks = ceil_div(p.m, c.block_m);
-  sched.num_n_blocks = ceil_div(p.n, c.block_n);
-  sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
-  sched.split_k = c.split_k;
-  sched.k_blocks_per_split = c.k_blocks_per_split;
+  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
+  NormalScheduler<64> s64;
+  s64.m = p.m;
+  s64.num_m_blocks = ceil_div(p.m, c.block_m);
+  s64.num_n_blocks = ceil_div(p.n, c.block_n);
+  s64.num_k_blocks = ceil_div(p.k, kGemmBlockK);
+  s64.split_k = c.split_k;
+  s64.k_blocks_per_split = c.k_blocks_per_split;
+  NormalScheduler<128> s128;
+  s128.m = s64.m;
+  s128.num_m_blocks = s64.num_m_blocks;
+  s128.num_n_blocks = s64.num_n_blocks;
+  s128.num_k_blocks = s64.num_k_blocks;
+  s128.split_k = s64.split_k;
+  s128.k_blocks_per_split = s64.k_blocks_per_split;
 
   float* owned_workspace = nullptr;
   if (c.split_k > 1) {
@@ -208,9 +154,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   }
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
-  if (!promote) dispatch_config<0>(c, tma_a, tma_b, p, sched, stream);
-  else if (p.promote_k % 128 == 0) dispatch_config<128>(c, tma_a, tma_b, p, sched, stream);
-  else dispatch_config<32>(c, tma_a, tma_b, p, sched, stream);
+  if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, stream);
+  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, stream);
+  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, stream);
   if (p.workspace) {
     const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
     const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));

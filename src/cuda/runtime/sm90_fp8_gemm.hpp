@@ -20,10 +20,26 @@ struct GemmConfig {
 
 // Pure function from the problem to a tile config (FINEGEMM_PRINT_CONFIG=1 prints each choice).
 // FINEGEMM_GEMM_CONFIG="BMxBN[:split]" forces one, for benchmarks and tests.
-GemmConfig choose_gemm_config(int m, int n, int k, bool promote, int num_sms);
+// promote_k: 0 (no promotion), 32 or 128.
+GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms);
 
 // a [M, K] and b [N, K] E4M3, row-major with leading dimensions lda/ldb (bytes, multiples of 16), 16-byte aligned.
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
                           cudaStream_t stream);
+
+// Grouped GEMM (MoE experts), rows per expert read on the device (graph-capturable, no host sync).
+struct GroupedLayout {
+  const int32_t* offsets = nullptr;  // contiguous: [groups + 1] row offsets (device)
+  const int32_t* counts = nullptr;   // masked: [groups] rows used of each group's max_rows (device)
+  int max_rows = 0;                  // masked: rows per group in A and the output
+  int num_groups = 0;
+  int64_t expected_rows_per_group = 0;  // host estimate, for the tile heuristic
+};
+inline constexpr int kMaxGroupedExperts = 1024;
+
+// a [p.m, K] E4M3 (all groups' rows), b [groups · p.n, K] E4M3. kEpilogue Store writes p.out [p.m, p.n];
+// ActRequant writes p.out_q / p.out_q_scale (b_layout and act fields of p say how).
+void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
+                                  Epilogue epilogue, GemmParams params, cudaStream_t stream);
 
 }  // namespace finegemm::cuda

@@ -1,0 +1,79 @@
+// Host helpers shared by the GEMM launchers (dense and grouped): tensor maps, device facts, the launch itself.
+#pragma once
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "cuda/kernels/sm90_fp8_gemm.cuh"
+#include "cuda/runtime/check.hpp"
+
+namespace finegemm::cuda {
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    FG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || !fn)
+      throw Error(ErrorKind::Runtime, "CUDA driver: cuTensorMapEncodeTiled is not available");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  });
+  return encode;
+}
+
+// A 2-D byte tensor [rows, cols] with row stride `ld` bytes, loaded in boxes of box_rows × 128 bytes, 128B swizzle.
+inline CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kGemmBlockK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(ptr), dims, strides,
+                                          box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(ErrorKind::Runtime, "cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
+                                        ") for a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] tensor");
+  return map;
+}
+
+inline constexpr int kMaxDevices = 64;
+
+inline int num_sms_of_device(int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int sms = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    FG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (device < kMaxDevices) cache[device].store(sms);
+  }
+  return sms;
+}
+
+inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler>
+inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p, const Scheduler& sched,
+                   int grid, cudaStream_t stream) {
+  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler>;
+  constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes>::kBytes;
+  static_assert(kSmem <= 232448, "shared memory: a tile config exceeds the 227 KB an sm_90 block can have");
+  // The shared-memory attribute is per device: set it once on each device this process launches on.
+  static std::atomic<uint64_t> devices_set{0};
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = 1ull << (device & 63);
+  if (!(devices_set.load(std::memory_order_relaxed) & bit)) {
+    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    devices_set.fetch_or(bit);
+  }
+  kernel<<<grid, 128 * (BLOCK_M / 64 + 1), kSmem, stream>>>(tma_a, tma_b, p, sched);
+  FG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace finegemm::cuda

@@ -1,0 +1,211 @@
+// moe_experts on the GPU: route → permute + quantize → grouped gate_up GEMM with the activation and the
+// requantization fused in its epilogue → grouped down GEMM with the routing weight in its epilogue → combine.
+// Every step is stream-ordered with no host synchronisation: the whole block can be captured in one CUDA graph.
+#include <numeric>
+#include <optional>
+
+#include "cuda/cuda_backend.hpp"
+#include "cuda/runtime/check.hpp"
+#include "cuda/runtime/host_fallback.hpp"
+#include "cuda/runtime/moe_routing.hpp"
+#include "cuda/runtime/sm90_fp8_gemm.hpp"
+
+namespace finegemm::cuda {
+namespace {
+
+// Stream-ordered scratch, freed on the stream (capturable in CUDA graphs).
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    FG_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes ? bytes : 16, stream));
+  }
+  ~Scratch() { (void)cudaFreeAsync(ptr_, stream_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+ScaleFmt scale_fmt(ScaleFormat f) {
+  return f == ScaleFormat::FP32 ? ScaleFmt::F32 : (f == ScaleFormat::UE8M0 ? ScaleFmt::UE8M0 : ScaleFmt::UE8M0_PACKED);
+}
+
+int out_dtype_code(DType d) {
+  return d == DType::F32 ? static_cast<int>(OutDType::F32) : d == DType::BF16 ? static_cast<int>(OutDType::BF16) : static_cast<int>(OutDType::F16);
+}
+
+// Activation-side fields of one projection: its input x_q/x_scale per the recipe, static scales per expert.
+void set_activation(GemmParams& p, const ActivationRecipe& recipe, const float* x_scale, int64_t k, const float* static_scales) {
+  switch (recipe.granularity) {
+    case ActGranularity::PerTokenGroup:
+      p.a_scale = x_scale;
+      p.a_scale_stride_m = k / recipe.group_size;
+      p.a_scale_stride_k = 1;
+      p.a_group = recipe.group_size;
+      p.a_scale_cols = static_cast<int>(k / recipe.group_size);
+      break;
+    case ActGranularity::PerToken:
+      p.row_mode = VecMode::PerIndex;
+      p.row_scale = x_scale;
+      break;
+    case ActGranularity::StaticPerTensor:
+      p.row_mode = VecMode::Scalar;
+      p.row_scale = static_scales;
+      p.row_scale_group_stride = 1;
+      break;
+  }
+}
+
+// Weight-side fields of one projection: w [E, n, k] with its scales per the recipe.
+void set_weight(GemmParams& p, const WeightRecipe& recipe, const TensorView& scale, int64_t n, int64_t k) {
+  switch (recipe.granularity) {
+    case WeightGranularity::PerTensor:
+      p.col_mode = VecMode::Scalar;
+      p.col_scale = scale.ptr<float>();
+      p.col_group_stride = 1;
+      break;
+    case WeightGranularity::PerChannel:
+      p.col_mode = VecMode::PerIndex;
+      p.col_scale = scale.ptr<float>();
+      p.col_group_stride = n;
+      break;
+    case WeightGranularity::Block:
+    case WeightGranularity::MX: {
+      const auto shape = weight_scale_shape(recipe, n, k);
+      p.b_scale = scale.data;
+      p.b_scale_fmt = scale_fmt(recipe.scale_format);
+      p.b_scale_stride_n = shape[1];
+      p.b_scale_group_stride = shape[0] * shape[1];
+      p.b_block_n = recipe.granularity == WeightGranularity::MX ? 1 : recipe.block_n;
+      p.b_block_k = recipe.granularity == WeightGranularity::MX ? 32 : recipe.block_k;
+      p.b_scale_cols = static_cast<int>(recipe.scale_cols(k));
+      break;
+    }
+  }
+}
+
+int promotion_k(const WeightRecipe& w, const ActivationRecipe& a) {
+  int g = a.granularity == ActGranularity::PerTokenGroup ? std::gcd(128, a.group_size) : 0;
+  if (w.granularity == WeightGranularity::Block || w.granularity == WeightGranularity::MX)
+    g = std::gcd(g == 0 ? 128 : g, w.granularity == WeightGranularity::MX ? 32 : w.block_k);
+  return g;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void moe_experts(const MoeArgs& args, void* stream_handle) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
+  const int top_k = static_cast<int>(args.top_k_index.shape[1]);
+  const int num_experts = static_cast<int>(args.gate_up.shape[0]);
+  const bool gated = moe_activation_has_gate(args.activation);
+  const int64_t inter = args.down.shape[2];  // FP8 experts (FP4 experts take the host path below)
+  const int64_t gate_up_rows = args.gate_up.shape[1];
+  const auto& act = args.activation_recipe;
+  const int promote_k = promotion_k(args.weight_recipe, act);
+  // What the grouped sm_90a path serves. NOTE: per-token requantization of the intermediate needs the amax of a
+  // whole row of I, across tiles: it, FP4 experts (issue 5) and odd shapes take the host path for now.
+  const bool gpu_path = args.weight_recipe.element == ElementType::FP8_E4M3 && act.granularity != ActGranularity::PerToken &&
+                        num_experts <= kMaxGroupedExperts && hidden % 128 == 0 && inter % 128 == 0 &&
+                        (promote_k == 0 || promote_k % 32 == 0) && aligned16(args.hidden.data) &&
+                        aligned16(args.gate_up.data) && aligned16(args.down.data) &&
+                        num_tokens * top_k <= INT32_MAX / 2 && hidden <= INT32_MAX;
+  if (!gpu_path) return moe_on_host(args, stream);
+  if (num_tokens == 0) return;
+  const int64_t rows = num_tokens * top_k;
+
+  // 1. Routing.
+  Scratch offsets((num_experts + 1) * 4, stream), row_token(rows * 4, stream), row_expert(rows * 4, stream),
+      row_weight(rows * 4, stream), slot_row(rows * 4, stream), error_count(4, stream),
+      route_ws(moe_route_workspace_bytes(num_tokens, top_k, num_experts), stream);
+  MoeRouting routing;
+  routing.expert_offsets = offsets.as<int32_t>();
+  routing.row_token = row_token.as<int32_t>();
+  routing.row_expert = row_expert.as<int32_t>();
+  routing.row_weight = row_weight.as<float>();
+  routing.slot_row = slot_row.as<int32_t>();
+  routing.error_count = error_count.as<int32_t>();
+  launch_moe_route(args.top_k_index.data, args.top_k_index.dtype, args.top_k_weights.data, args.top_k_weights.dtype,
+                   num_tokens, top_k, num_experts, routing, route_ws.as<void>(), stream);
+
+  // 2. Each token row read once, quantized, written to its experts' segments.
+  const bool dynamic = !act.is_static();
+  const int64_t x_scale_cols = dynamic ? hidden / act.group_size : 0;
+  Scratch x_q(rows * hidden, stream), x_scale(dynamic ? rows * x_scale_cols * 4 : 16, stream);
+  launch_moe_permute_quantize(args.hidden.data, args.hidden.dtype, num_tokens, hidden, top_k, routing, act,
+                              args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr,
+                              x_q.as<uint8_t>(), x_scale.as<float>(), stream);
+
+  GroupedLayout layout;
+  layout.offsets = routing.expert_offsets;
+  layout.num_groups = num_experts;
+  layout.expected_rows_per_group = rows / std::max(1, num_experts);
+
+  // 3. gate_up with the activation and the requantization fused: h [rows, I] E4M3.
+  const int64_t h_scale_cols = dynamic ? inter / act.group_size : 0;
+  Scratch h_q(rows * inter, stream), h_scale(dynamic ? rows * h_scale_cols * 4 : 16, stream);
+  {
+    GemmParams p;
+    p.m = static_cast<int>(rows);
+    p.n = static_cast<int>(gate_up_rows);
+    p.k = static_cast<int>(hidden);
+    p.promote_k = promote_k == 0 ? 128 : promote_k;
+    set_activation(p, act, x_scale.as<float>(), hidden, args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr);
+    set_weight(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
+    if (args.gate_up_bias.defined()) {
+      p.bias = args.gate_up_bias.data;
+      p.bias_dtype = out_dtype_code(args.gate_up_bias.dtype);
+      p.bias_group_stride = gate_up_rows;
+    }
+    p.b_layout = !gated ? BLayout::Plain : (args.interleaved_gate_up ? BLayout::Interleaved : BLayout::GateUpHalves);
+    p.gate_up_split = static_cast<int>(inter);
+    p.act_kind = static_cast<int>(args.activation);
+    p.swiglu_limit = args.swiglu_limit;
+    p.swiglu_alpha = args.swiglu_alpha;
+    p.requant_group = dynamic ? act.group_size : 0;
+    p.requant_pow2 = act.pow2_scale;
+    p.requant_static = dynamic ? nullptr : args.down_act_scale.ptr<float>();
+    p.out_q = h_q.as<uint8_t>();
+    p.out_q_scale = h_scale.as<float>();
+    p.ld_q = inter;
+    p.ld_q_scale = h_scale_cols;
+    p.out_cols = static_cast<int>(inter);
+    launch_sm90_fp8_grouped_gemm(x_q.as<void>(), hidden, args.gate_up.data, hidden, layout, Epilogue::ActRequant, p, stream);
+  }
+
+  // 4. down, times the routing weight: y [rows, H].
+  // NOTE: y is FP32 while it stays under 1 GiB (exact sums in the combine), BF16 beyond (T·k·H large prefill).
+  const bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
+  Scratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
+  {
+    GemmParams p;
+    p.m = static_cast<int>(rows);
+    p.n = static_cast<int>(hidden);
+    p.k = static_cast<int>(inter);
+    p.promote_k = promote_k == 0 ? 128 : promote_k;
+    set_activation(p, act, h_scale.as<float>(), inter, args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr);
+    set_weight(p, args.weight_recipe, args.down_scale, hidden, inter);
+    if (args.down_bias.defined()) {
+      p.bias = args.down_bias.data;
+      p.bias_dtype = out_dtype_code(args.down_bias.dtype);
+      p.bias_group_stride = hidden;
+    }
+    p.row_weight = routing.row_weight;
+    p.out = y.as<void>();
+    p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
+    p.ldo = hidden;
+    launch_sm90_fp8_grouped_gemm(h_q.as<void>(), inter, args.down.data, inter, layout, Epilogue::Store, p, stream);
+  }
+
+  // 5. Combine: one gather per token, slots summed in order.
+  launch_moe_combine(y.as<void>(), y_f32 ? DType::F32 : DType::BF16, routing, num_tokens, top_k, hidden, args.out.data,
+                     args.out.dtype, stream);
+}
+
+}  // namespace finegemm::cuda

@@ -1,0 +1,55 @@
+// Host side of the grouped (MoE) GEMM: the GroupedScheduler over per-expert row ranges read on the device.
+// NOTE: its own translation unit so that the dense and grouped kernels compile in parallel.
+#include "cuda/runtime/gemm_launch.cuh"
+#include "cuda/runtime/sm90_fp8_gemm.hpp"
+
+namespace finegemm::cuda {
+namespace {
+
+template <int BLOCK_M, int BLOCK_N, int kStages, Epilogue kEpilogue>
+void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p, const GroupedLayout& layout,
+                           int grid, cudaStream_t stream) {
+  GroupedScheduler<BLOCK_M, kMaxGroupedExperts> sched;
+  sched.offsets = layout.offsets;
+  sched.counts = layout.counts;
+  sched.max_rows = layout.max_rows;
+  sched.num_groups = layout.num_groups;
+  const int tile_cols = kEpilogue == Epilogue::ActRequant && p.b_layout != BLayout::Plain ? BLOCK_N / 2 : BLOCK_N;
+  sched.num_n_blocks = ceil_div(kEpilogue == Epilogue::ActRequant ? p.out_cols : p.n, tile_cols);
+  sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
+  const bool promote = p.a_scale != nullptr || p.b_scale != nullptr;
+  if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
+  if (p.promote_k % 128 == 0) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue>(a, b, p, sched, grid, stream);
+  return launch_kernel<BLOCK_M, BLOCK_N, kStages, 32, kEpilogue>(a, b, p, sched, grid, stream);
+}
+
+}  // namespace
+
+void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
+                                  Epilogue epilogue, GemmParams p, cudaStream_t stream) {
+  if (p.m == 0 || layout.num_groups == 0) return;
+  if (layout.num_groups > kMaxGroupedExperts)
+    throw Error("num_experts: the grouped GEMM takes at most " + std::to_string(kMaxGroupedExperts) + " experts, got " +
+                std::to_string(layout.num_groups));
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  const int num_sms = num_sms_of_device(device);
+  // NOTE: 128-row tiles once experts average a full tile of rows (prefill); 64 at decode.
+  const int block_m = layout.expected_rows_per_group >= 96 ? 128 : 64;
+  // The fused activation needs whole requantization groups (128 intermediate columns) in one tile: 256 B rows.
+  const int block_n = epilogue == Epilogue::ActRequant ? 256 : 128;
+  if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
+    std::fprintf(stderr, "finegemm: grouped gemm rows=%d N=%d K=%d experts=%d epilogue=%d -> %dx%d grid=%d\n", p.m, p.n,
+                 p.k, layout.num_groups, static_cast<int>(epilogue), block_m, block_n, num_sms);
+  const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, block_m);
+  const CUtensorMap tma_b = make_tma_2d(b, static_cast<int64_t>(layout.num_groups) * p.n, p.k, ldb, block_n / 2);
+  p.workspace = nullptr;
+  if (epilogue == Epilogue::Store) {
+    if (block_m == 64) return launch_grouped_config<64, 128, 8, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
+    return launch_grouped_config<128, 128, 6, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
+  }
+  if (block_m == 64) return launch_grouped_config<64, 256, 4, Epilogue::ActRequant>(tma_a, tma_b, p, layout, num_sms, stream);
+  return launch_grouped_config<128, 256, 4, Epilogue::ActRequant>(tma_a, tma_b, p, layout, num_sms, stream);
+}
+
+}  // namespace finegemm::cuda
