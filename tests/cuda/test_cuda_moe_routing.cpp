@@ -216,7 +216,9 @@ TEST_F(CudaMoeRouting, RoutingMatchesHostOrder) {
       {300, 1, 3, DType::I32, DType::F32},     {333, 8, 64, DType::I64, DType::F32},
       {1100, 8, 1024, DType::I64, DType::F16}, {2500, 8, 256, DType::I32, DType::BF16},
       {16384, 8, 256, DType::I32, DType::BF16}, {129, 8, 1, DType::I64, DType::F32},
+      {128, 8, 1024, DType::I32, DType::BF16},  {100, 8, 4, DType::I64, DType::F16},
   };
+  // T·k ≤ 1024 runs the one-launch decode kernel, larger ones the chunked path (1032 slots: a tail chunk of 8)
   for (const auto& s : shapes) {
     const RouteInput in = make_route_input(s);
     const HostRouting h = host_route(in);
@@ -228,19 +230,21 @@ TEST_F(CudaMoeRouting, RoutingMatchesHostOrder) {
 }
 
 // Every token routed to one expert in every slot: the deepest possible rank chains (in a warp, a chunk, and across
-// chunks).
+// chunks), on the one-launch path and the chunked one.
 TEST_F(CudaMoeRouting, AllSlotsOneExpert) {
-  const RouteShape s{3000, 8, 64, DType::I32, DType::F32};
-  RouteInput in = make_route_input(s);
-  for (int64_t i = 0; i < s.tokens * s.top_k; ++i) {
-    in.index[i] = 5;
-    in.index_buffer.ptr<int32_t>()[i] = 5;
+  for (int64_t tokens : {128, 3000}) {
+    const RouteShape s{tokens, 8, 64, DType::I32, DType::F32};
+    RouteInput in = make_route_input(s);
+    for (int64_t i = 0; i < s.tokens * s.top_k; ++i) {
+      in.index[i] = 5;
+      in.index_buffer.ptr<int32_t>()[i] = 5;
+    }
+    const HostRouting h = host_route(in);
+    GpuRouting g(in);
+    g.route();
+    synchronize(kGpu);
+    expect_routing_matches(g, h, "all slots to expert 5, " + describe(s));
   }
-  const HostRouting h = host_route(in);
-  GpuRouting g(in);
-  g.route();
-  synchronize(kGpu);
-  expect_routing_matches(g, h, "all slots to expert 5");
 }
 
 // ---- permute + quantize
@@ -459,35 +463,53 @@ TEST_F(CudaMoeRouting, DeterministicAndGraphCapturable) {
 
 // ---- argument checks (before any launch: they run without a GPU too)
 
+// Runs f, which must throw finegemm::Error whose message mentions `needle` (so that a CUDA error, also a
+// finegemm::Error, cannot pass for an argument check).
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaMoeRoutingArgs, RejectsBadArguments) {
   int32_t dummy[4] = {};
   MoeRouting r{dummy, dummy, dummy, reinterpret_cast<float*>(dummy), dummy, dummy};
   uint8_t codes[16];
   float scales[4];
-  EXPECT_THROW(cuda::launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 8, 2000, r, dummy, nullptr), Error);
-  EXPECT_THROW(cuda::launch_moe_route(dummy, DType::F32, dummy, DType::F32, 4, 8, 16, r, dummy, nullptr), Error);
-  EXPECT_THROW(cuda::launch_moe_route(dummy, DType::I32, dummy, DType::I32, 4, 8, 16, r, dummy, nullptr), Error);
-  EXPECT_THROW(cuda::launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 0, 16, r, dummy, nullptr), Error);
-  EXPECT_THROW(cuda::launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 8, 16, MoeRouting{}, dummy, nullptr),
-               Error);
-  EXPECT_THROW(cuda::launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 8, 16, r, nullptr, nullptr), Error);
+  using cuda::launch_moe_combine, cuda::launch_moe_permute_quantize, cuda::launch_moe_route;
+  expect_error([&] { launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 8, 2000, r, dummy, nullptr); },
+               "num_experts");
+  expect_error([&] { launch_moe_route(dummy, DType::F32, dummy, DType::F32, 4, 8, 16, r, dummy, nullptr); },
+               "top_k_index");
+  expect_error([&] { launch_moe_route(dummy, DType::I32, dummy, DType::I32, 4, 8, 16, r, dummy, nullptr); },
+               "top_k_weights");
+  expect_error([&] { launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 0, 16, r, dummy, nullptr); }, "top_k");
+  expect_error([&] { launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 8, 16, MoeRouting{}, dummy, nullptr); },
+               "routing.expert_offsets");
+  expect_error([&] { launch_moe_route(dummy, DType::I32, dummy, DType::F32, 4, 8, 16, r, nullptr, nullptr); },
+               "workspace");
   const auto group = ActivationRecipe::per_token_group(128);
-  EXPECT_THROW(cuda::launch_moe_permute_quantize(dummy, DType::BF16, 4, 8, 8, r, group, nullptr, codes, scales,
-                                                 nullptr),
-               Error);  // H % 16 != 0
-  EXPECT_THROW(cuda::launch_moe_permute_quantize(dummy, DType::BF16, 4, 2880, 8, r, group, nullptr, codes, scales,
-                                                 nullptr),
-               Error);  // H not a multiple of the group
-  EXPECT_THROW(cuda::launch_moe_permute_quantize(dummy, DType::BF16, 4, 2048, 8, r,
-                                                 ActivationRecipe::static_per_tensor(), nullptr, codes, nullptr,
-                                                 nullptr),
-               Error);  // no static scales
-  EXPECT_THROW(cuda::launch_moe_permute_quantize(dummy, DType::I8, 4, 2048, 8, r, group, nullptr, codes, scales,
-                                                 nullptr),
-               Error);
-  EXPECT_THROW(cuda::launch_moe_combine(dummy, DType::I32, r, 4, 8, 2048, dummy, DType::BF16, nullptr), Error);
-  EXPECT_THROW(cuda::launch_moe_combine(dummy, DType::BF16, r, 4, 8, 2048, dummy, DType::F8_E4M3, nullptr), Error);
-  EXPECT_THROW(cuda::launch_moe_combine(dummy, DType::BF16, r, 4, 8, 12, dummy, DType::BF16, nullptr), Error);
+  expect_error([&] { launch_moe_permute_quantize(dummy, DType::BF16, 4, 8, 8, r, group, nullptr, codes, scales, {}); },
+               "multiple of 16");
+  expect_error(
+      [&] { launch_moe_permute_quantize(dummy, DType::BF16, 4, 2880, 8, r, group, nullptr, codes, scales, {}); },
+      "multiple of the activation group 128");
+  expect_error(
+      [&] {
+        launch_moe_permute_quantize(dummy, DType::BF16, 4, 2048, 8, r, ActivationRecipe::static_per_tensor(), nullptr,
+                                    codes, nullptr, {});
+      },
+      "static_scales");
+  expect_error([&] { launch_moe_permute_quantize(dummy, DType::I8, 4, 2048, 8, r, group, nullptr, codes, scales, {}); },
+               "hidden: expected float32");
+  expect_error([&] { launch_moe_combine(dummy, DType::I32, r, 4, 8, 2048, dummy, DType::BF16, {}); }, "y: expected");
+  expect_error([&] { launch_moe_combine(dummy, DType::BF16, r, 4, 8, 2048, dummy, DType::F8_E4M3, {}); },
+               "out: expected");
+  expect_error([&] { launch_moe_combine(dummy, DType::BF16, r, 4, 8, 12, dummy, DType::BF16, {}); }, "multiple of 8");
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 //      owns kRouteSlotsPerWarp consecutive slots; a warp first counts its slots per expert, one scan over the warps
 //      turns the counts into bases, then the warp walks its slots again in order, 32 at a time, ranking equal experts
 //      by lane with __match_any_sync. row = expert_offsets[e] + chunk_base[chunk][e] + warp base + rank.
+// When every slot fits in one chunk (decode), moe_route_one_chunk_kernel does the three steps in one block and one
+// launch.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -138,35 +140,75 @@ __global__ void __launch_bounds__(kScanThreads)
   }
 }
 
+// ---- Steps a and c of the placement, one warp's kRouteSlotsPerWarp consecutive slots [warp_begin, warp_end).
+
+// a. Counts the warp's slots per expert into counts[e] (lanes holding the same expert add once, from the lowest of
+// them); experts[r] keeps each lane's expert of round r (-1: skipped). Returns the lane's number of invalid entries.
+template <typename index_t>
+__device__ __forceinline__ int count_warp_slots(const index_t* __restrict__ top_k_index, int warp_begin, int warp_end,
+                                                int num_experts, int (&experts)[kRouteRounds], int* counts) {
+  const int lane = threadIdx.x % 32;
+  int invalid_entries = 0;
+#pragma unroll
+  for (int r = 0; r < kRouteRounds; ++r) {
+    const int i = warp_begin + r * 32 + lane;
+    bool invalid = false;
+    experts[r] = i < warp_end ? routed_expert(top_k_index, i, num_experts, invalid) : -1;
+    invalid_entries += invalid ? 1 : 0;
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, experts[r]);
+    if (experts[r] >= 0 && lane == __ffs(peers) - 1) counts[experts[r]] += __popc(peers);
+    __syncwarp();
+  }
+  return invalid_entries;
+}
+
+// c. Places the warp's slots in order: bases[e] is the row of the warp's first slot of expert e; a slot's row adds its
+// rank among the lanes below with the same expert, then the lowest of those lanes advances bases[e].
+template <typename weight_t>
+__device__ __forceinline__ void place_warp_slots(const weight_t* __restrict__ top_k_weights, int warp_begin,
+                                                 int warp_end, int top_k, const int (&experts)[kRouteRounds],
+                                                 int* bases, const MoeRouting& routing) {
+  const int lane = threadIdx.x % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+#pragma unroll
+  for (int r = 0; r < kRouteRounds; ++r) {
+    const int i = warp_begin + r * 32 + lane;
+    const int e = experts[r];
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+    const int row = e >= 0 ? bases[e] + __popc(peers & lanes_below) : -1;
+    __syncwarp();  // every lane has read its base before the lowest lane advances it
+    if (e >= 0 && lane == __ffs(peers) - 1) bases[e] += __popc(peers);
+    __syncwarp();
+    if (i < warp_end) {
+      routing.slot_row[i] = row;
+      if (row >= 0) {
+        routing.row_token[row] = i / top_k;
+        routing.row_expert[row] = e;
+        routing.row_weight[row] = weight_to_float(top_k_weights[i]);
+      }
+    }
+  }
+}
+
 // Step 3: every slot of the chunk gets its row; slot_row, row_token, row_expert and row_weight are written.
 template <typename index_t, typename weight_t>
 __global__ void __launch_bounds__(kRouteThreads)
     moe_place_kernel(const index_t* __restrict__ top_k_index, const weight_t* __restrict__ top_k_weights,
                      int num_slots, int top_k, int num_experts, const int* __restrict__ chunk_base,
                      const int* __restrict__ expert_offsets, MoeRouting routing) {
-  // warp_base[w][e]: first row of expert e for warp w's slots (after step b), advanced as the warp places them
+  // warp_base[w][e]: warp w's count of expert e, then (after b) the row of its first slot of expert e
   __shared__ int warp_base[kRouteWarps][kMaxRouteExperts];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const unsigned lanes_below = (1u << lane) - 1u;
+  const int warp = threadIdx.x / 32;
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
 #pragma unroll
     for (int w = 0; w < kRouteWarps; ++w) warp_base[w][e] = 0;
   __syncthreads();
 
+  // a. Count each warp's slots per expert
   const int warp_begin = blockIdx.x * kRouteChunk + warp * kRouteSlotsPerWarp;
   const int warp_end = min(warp_begin + kRouteSlotsPerWarp, num_slots);
-
-  // a. Count the warp's slots per expert: lanes holding the same expert add once, from the lowest of them
   int experts[kRouteRounds];
-#pragma unroll
-  for (int r = 0; r < kRouteRounds; ++r) {
-    const int i = warp_begin + r * 32 + lane;
-    bool invalid;
-    experts[r] = i < warp_end ? routed_expert(top_k_index, i, num_experts, invalid) : -1;
-    const unsigned peers = __match_any_sync(0xFFFFFFFFu, experts[r]);
-    if (experts[r] >= 0 && lane == __ffs(peers) - 1) warp_base[warp][experts[r]] += __popc(peers);
-    __syncwarp();
-  }
+  count_warp_slots(top_k_index, warp_begin, warp_end, num_experts, experts, warp_base[warp]);
   __syncthreads();
 
   // b. Counts → bases: prefix over the warps, on top of the expert's offset and the chunk's base
@@ -182,25 +224,85 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   __syncthreads();
 
-  // c. Place the slots in order: rank among the lanes below with the same expert, then advance the base
+  // c. Place the slots in order
+  place_warp_slots(top_k_weights, warp_begin, warp_end, top_k, experts, warp_base[warp], routing);
+}
+
+// Decode path: all slots fit in one chunk (T·k ≤ kRouteChunk, T = 0 included), so one block does the three steps
+// in one launch: count per warp, scan over the warps and the experts (expert_offsets, error_count), place.
+template <typename index_t, typename weight_t>
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_one_chunk_kernel(const index_t* __restrict__ top_k_index, const weight_t* __restrict__ top_k_weights,
+                               int num_slots, int top_k, int num_experts, MoeRouting routing) {
+  constexpr int kExpertsPerThread = kMaxRouteExperts / kRouteThreads;
+  static_assert(kMaxRouteExperts % kRouteThreads == 0, "experts: a whole number per thread");
+  __shared__ int warp_base[kRouteWarps][kMaxRouteExperts];
+  __shared__ int warp_sums[kRouteWarps];
+  __shared__ int errors;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
 #pragma unroll
-  for (int r = 0; r < kRouteRounds; ++r) {
-    const int i = warp_begin + r * 32 + lane;
-    const int e = experts[r];
-    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
-    const int row = e >= 0 ? warp_base[warp][e] + __popc(peers & lanes_below) : -1;
-    __syncwarp();  // every lane has read its base before the lowest lane advances it
-    if (e >= 0 && lane == __ffs(peers) - 1) warp_base[warp][e] += __popc(peers);
-    __syncwarp();
-    if (i < warp_end) {
-      routing.slot_row[i] = row;
-      if (row >= 0) {
-        routing.row_token[row] = i / top_k;
-        routing.row_expert[row] = e;
-        routing.row_weight[row] = weight_to_float(top_k_weights[i]);
+    for (int w = 0; w < kRouteWarps; ++w) warp_base[w][e] = 0;
+  if (threadIdx.x == 0) errors = 0;
+  __syncthreads();
+
+  // a. Count each warp's slots per expert, and the invalid entries
+  const int warp_begin = warp * kRouteSlotsPerWarp;
+  const int warp_end = min(warp_begin + kRouteSlotsPerWarp, num_slots);
+  int experts[kRouteRounds];
+  const int invalid_entries = count_warp_slots(top_k_index, warp_begin, warp_end, num_experts, experts,
+                                               warp_base[warp]);
+  if (invalid_entries) atomicAdd(&errors, invalid_entries);  // an integer sum: its order does not matter
+  __syncthreads();
+
+  // b. Thread `tid` owns experts [tid·kExpertsPerThread, +kExpertsPerThread): warp counts → bases relative to the
+  // expert's first row, then an exclusive prefix over all experts' totals gives expert_offsets.
+  const int first_expert = threadIdx.x * kExpertsPerThread;
+  int totals[kExpertsPerThread];
+  int my_total = 0;
+#pragma unroll
+  for (int q = 0; q < kExpertsPerThread; ++q) {
+    const int e = first_expert + q;
+    int run = 0;
+    if (e < num_experts) {
+#pragma unroll
+      for (int w = 0; w < kRouteWarps; ++w) {
+        const int count = warp_base[w][e];
+        warp_base[w][e] = run;
+        run += count;
       }
     }
+    totals[q] = run;
+    my_total += run;
   }
+  int inclusive = my_total;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int other = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
+    if (lane >= d) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int offset = inclusive - my_total;
+  for (int w = 0; w < warp; ++w) offset += warp_sums[w];
+#pragma unroll
+  for (int q = 0; q < kExpertsPerThread; ++q) {
+    const int e = first_expert + q;
+    if (e < num_experts) {
+      routing.expert_offsets[e] = offset;
+#pragma unroll
+      for (int w = 0; w < kRouteWarps; ++w) warp_base[w][e] += offset;
+    }
+    offset += totals[q];
+  }
+  if (threadIdx.x == blockDim.x - 1) {
+    routing.expert_offsets[num_experts] = offset;  // the last thread's running offset is the number of routed rows
+    *routing.error_count = errors;
+  }
+  __syncthreads();
+
+  // c. Place the slots in order
+  place_warp_slots(top_k_weights, warp_begin, warp_end, top_k, experts, warp_base[warp], routing);
 }
 
 }  // namespace finegemm::cuda

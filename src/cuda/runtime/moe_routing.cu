@@ -45,22 +45,25 @@ template <typename index_t, typename weight_t>
 void launch_route_typed(const index_t* top_k_index, const weight_t* top_k_weights, int num_slots, int top_k,
                         int num_experts, const MoeRouting& routing, void* workspace, cudaStream_t stream) {
   const int num_chunks = (num_slots + kRouteChunk - 1) / kRouteChunk;
-  int* chunk_counts = static_cast<int*>(workspace);                               // [chunks, E]
-  int* chunk_errors = chunk_counts + static_cast<int64_t>(num_chunks) * num_experts;  // [chunks]
-  if (num_chunks > 0) {
-    moe_count_kernel<index_t><<<num_chunks, kRouteThreads, 0, stream>>>(top_k_index, num_slots, num_experts,
-                                                                         chunk_counts, chunk_errors);
+  if (num_chunks <= 1) {
+    // NOTE: decode (T·k ≤ 1024): one launch instead of three; the workspace is not touched.
+    moe_route_one_chunk_kernel<index_t, weight_t><<<1, kRouteThreads, 0, stream>>>(
+        top_k_index, top_k_weights, num_slots, top_k, num_experts, routing);
     FG_CUDA_CHECK(cudaGetLastError());
+    return;
   }
-  // Runs for T = 0 too: expert_offsets and error_count are written on every launch
+  // Chunked path: count per chunk, scan (one block), place per chunk
+  int* chunk_counts = static_cast<int*>(workspace);                                   // [chunks, E]
+  int* chunk_errors = chunk_counts + static_cast<int64_t>(num_chunks) * num_experts;  // [chunks]
+  moe_count_kernel<index_t><<<num_chunks, kRouteThreads, 0, stream>>>(top_k_index, num_slots, num_experts,
+                                                                       chunk_counts, chunk_errors);
+  FG_CUDA_CHECK(cudaGetLastError());
   moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(chunk_counts, chunk_errors, num_chunks, num_experts,
                                                   routing.expert_offsets, routing.error_count);
   FG_CUDA_CHECK(cudaGetLastError());
-  if (num_chunks > 0) {
-    moe_place_kernel<index_t, weight_t><<<num_chunks, kRouteThreads, 0, stream>>>(
-        top_k_index, top_k_weights, num_slots, top_k, num_experts, chunk_counts, routing.expert_offsets, routing);
-    FG_CUDA_CHECK(cudaGetLastError());
-  }
+  moe_place_kernel<index_t, weight_t><<<num_chunks, kRouteThreads, 0, stream>>>(
+      top_k_index, top_k_weights, num_slots, top_k, num_experts, chunk_counts, routing.expert_offsets, routing);
+  FG_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename index_t>
