@@ -124,6 +124,23 @@ TEST_F(CudaTest, EveryTileConfig) {
       }
     }
   }
+  // FP4 weights (expanded to E4M3 in shared memory): every FP4 tile config.
+  for (const char* config : {"64x64:1", "64x128:2", "128x64:1", "128x128:1", "128x128:3"}) {
+    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    for (const auto& recipe : {recipes[12], recipes[14], recipes[15]}) {
+      for (int64_t m : {1, 200}) {
+        const int64_t n = 400, k = 1024;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, m == 1);
+        Buffer ref(DType::BF16, {m, n});
+        LinearArgs ref_args = c.args;
+        ref_args.out = ref;
+        linear(ref_args, {Backend::Reference});
+        const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+        EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m;
+        EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m;
+      }
+    }
+  }
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 

@@ -24,6 +24,7 @@ enum class Epilogue : int {
 // y[m, n] = row_scale[m] · col_scale[n] · Σ_kb (a_scale[m, kb] · b_scale[n, kb] · Σ_{k in kb} A[m,k]·B[n,k]) + bias[n]
 struct GemmParams {
   int m = 0, n = 0, k = 0;  // m: rows of A (all groups); n: B rows per group (the output columns of Store)
+  bool b_fp4 = false;       // host-side choice: B is packed E2M1 [rows, K/2] (kernels expand it to E4M3 in smem)
 
   // Promotion (K-granular scales), applied every `promote_k` elements of K (32, 64 or 128).
   int promote_k = 128;

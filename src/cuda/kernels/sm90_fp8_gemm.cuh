@@ -27,16 +27,19 @@ inline constexpr int kGemmBlockK = 128;
 
 // kPromoteK: 0 when no scale varies along K (they fold into the epilogue), else the K slice (32, 64 or 128)
 // after which the wgmma result is scaled and added to the FP32 total.
-template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes = 0>
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes = 0, bool kFp4B = false>
 struct GemmSmem {
   static constexpr int kSubs = kPromoteK == 0 ? 0 : kGemmBlockK / kPromoteK;
   static constexpr int kStageA = BLOCK_M * kGemmBlockK;
   static constexpr int kStageB = BLOCK_N * kGemmBlockK;
   // Per stage: A scales [kSubs][BLOCK_M] and B scales [kSubs][BLOCK_N], staged by the scale-loader warp.
   static constexpr int kStageScales = kSubs * (BLOCK_M + BLOCK_N) * 4;
-  static constexpr int kBarriers = 2 * kNumStages * 8;
+  // FP4 B: the packed tile (64 bytes per row per K block) lands here, and is expanded into the B stage.
+  static constexpr int kStageRawB = kFp4B ? BLOCK_N * kGemmBlockK / 2 : 0;
+  static constexpr int kBarriers = (kFp4B ? 3 : 2) * kNumStages * 8;
   // +1024: the dynamic base is re-aligned to 1024 B for the 128-byte swizzle.
-  static constexpr int kBytes = kNumStages * (kStageA + kStageB + kStageScales) + kBarriers + kSchedulerBytes + 1024;
+  static constexpr int kBytes =
+      kNumStages * (kStageA + kStageB + kStageScales + kStageRawB) + kBarriers + kSchedulerBytes + 1024;
 };
 
 __device__ __forceinline__ float load_b_scale(const GemmParams& p, int group, int block_row, int k_index) {
@@ -55,6 +58,19 @@ __device__ __forceinline__ int tile_b_row(const GemmParams& p, int n_block, int 
     return (i < kHalf ? 0 : p.gate_up_split) + n_block * kHalf + (i % kHalf);
   }
   return n_block * BLOCK_N + i;
+}
+
+// Eight E2M1 codes (a 32-bit word, element 0 in the low nibble) → eight E4M3 bytes. Exact: every E2M1 value is an
+// E4M3 value. Magnitudes go through a byte permute over an 8-entry table; signs move from bit 3 to bit 7.
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t w) {
+  constexpr uint32_t kLo = 0x3C383000u;  // 0, 0.5, 1, 1.5
+  constexpr uint32_t kHi = 0x4C484440u;  // 2, 3, 4, 6
+  const uint32_t mag_lo = __byte_perm(kLo, kHi, w & 0x7777u);
+  const uint32_t mag_hi = __byte_perm(kLo, kHi, (w >> 16) & 0x7777u);
+  auto signs = [](uint32_t s) {  // nibble sign bits 3, 7, 11, 15 → byte sign bits 7, 15, 23, 31
+    return ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
+  };
+  return make_uint2(mag_lo | signs(w & 0x8888u), mag_hi | signs((w >> 16) & 0x8888u));
 }
 
 __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + __expf(-v)); }
@@ -105,7 +121,7 @@ __device__ __forceinline__ void store_pair(const GemmParams& p, int row, int col
   }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler>
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const GemmParams p, const Scheduler scheduler_arg) {
@@ -122,7 +138,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   constexpr int kNumAcc = WGMMA_N / 2;
   constexpr int kNumTotal = BLOCK_N / 2;
   constexpr int kConsumerRegs = kNumConsumers == 2 ? 224 : 240;
-  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes>;
+  static_assert(!kFp4B || kPromoteK == 32, "FP4 B: MX scales (1x32) promote every 32");
+  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>;
   constexpr int kSubs = Smem::kSubs;
   constexpr int kStepsPerSub = kPromote ? kPromoteK / 32 : kGemmBlockK / 32;
   using Mma = ptx::WgmmaFp8<WGMMA_N>;
@@ -131,10 +148,12 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem_a + kNumStages * Smem::kStageA;
-  float* smem_scales = reinterpret_cast<float*>(smem_b + kNumStages * Smem::kStageB);
+  uint8_t* smem_raw_b = smem_b + kNumStages * Smem::kStageB;
+  float* smem_scales = reinterpret_cast<float*>(smem_raw_b + kNumStages * Smem::kStageRawB);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_scales) + kNumStages * Smem::kStageScales);
   uint64_t* empty = full + kNumStages;
-  void* smem_scheduler = empty + kNumStages;
+  uint64_t* raw_full = empty + kNumStages;  // FP4 B: the packed tile has landed (kFp4B only)
+  void* smem_scheduler = empty + (kFp4B ? 2 : 1) * kNumStages;
   auto stage_scales_a = [&](int stage, int sub) { return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + sub * BLOCK_M; };
   auto stage_scales_b = [&](int stage, int sub) {
     return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + kSubs * BLOCK_M + sub * BLOCK_N;
@@ -152,6 +171,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     for (int s = 0; s < kNumStages; ++s) {
       ptx::mbar_init(&full[s], kPromote ? 1 + 32 : 1);
       ptx::mbar_init(&empty[s], kNumConsumers * 4);
+      if constexpr (kFp4B) ptx::mbar_init(&raw_full[s], 1);
     }
     ptx::fence_barrier_init();
   }
@@ -178,12 +198,22 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           const int stage = iter % kNumStages;
           // Wait until the consumers released this stage (passes at once on the first lap).
           ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
-          ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB);
-          ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_row0);
-          // B in two halves of BLOCK_N/2 rows (the gate and up halves of a fused gate_up tile).
-          uint8_t* b_dst = smem_b + stage * Smem::kStageB;
-          ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
-          ptx::tma_load_2d(b_dst + (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage], kb * kGemmBlockK, b_row1);
+          if constexpr (kFp4B) {
+            // A to its stage; packed B to the staging buffer, expanded by a loader warp (which then completes full).
+            ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA);
+            ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_row0);
+            ptx::mbar_arrive_expect_tx(&raw_full[stage], Smem::kStageRawB);
+            uint8_t* raw_dst = smem_raw_b + stage * Smem::kStageRawB;
+            ptx::tma_load_2d(raw_dst, &tma_b, &raw_full[stage], kb * kGemmBlockK / 2, b_row0);
+            ptx::tma_load_2d(raw_dst + (BLOCK_N / 2) * kGemmBlockK / 2, &tma_b, &raw_full[stage], kb * kGemmBlockK / 2, b_row1);
+          } else {
+            ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB);
+            ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_row0);
+            // B in two halves of BLOCK_N/2 rows (the gate and up halves of a fused gate_up tile).
+            uint8_t* b_dst = smem_b + stage * Smem::kStageB;
+            ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
+            ptx::tma_load_2d(b_dst + (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage], kb * kGemmBlockK, b_row1);
+          }
         }
       }
     } else if (kPromote && warp >= 1) {
@@ -227,6 +257,21 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 #pragma unroll
             for (int j = 0; j < (BLOCK_N + 31) / 32; ++j)
               if (lane + 32 * j < BLOCK_N) sb[lane + 32 * j] = vb[j];
+          }
+          if constexpr (kFp4B) {
+            // Expand the packed E2M1 tile into E4M3, in the 128-byte-swizzled layout wgmma reads: row r's 16-byte
+            // chunk j goes to chunk j ^ (r % 8). Then make the generic-proxy writes visible to wgmma.
+            ptx::mbar_wait(&raw_full[stage], (iter / kNumStages) & 1);
+            const uint8_t* raw = smem_raw_b + stage * Smem::kStageRawB;
+            uint8_t* dst = smem_b + stage * Smem::kStageB;
+#pragma unroll 4
+            for (int item = lane; item < BLOCK_N * 8; item += 32) {
+              const int r = item >> 3, j = item & 7;
+              const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
+              const uint2 lo = e2m1x8_to_e4m3x8(packed.x), hi = e2m1x8_to_e4m3x8(packed.y);
+              *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+            }
+            ptx::fence_proxy_async_shared();
           }
           ptx::mbar_arrive(&full[stage]);
         }

@@ -59,8 +59,11 @@ void linear(const LinearArgs& args, void* stream_handle) {
   const int promote_k = promotion_k(args);
   // What the sm_90a kernel serves: FP8 weights (FP4 is its own issue), 16-byte aligned K-major rows, even N,
   // and K-granular scales in slices of 32, 64 or 128.
-  const bool gpu_kernel = args.weight_recipe.element == ElementType::FP8_E4M3 && k % 16 == 0 && n % 2 == 0 &&
-                          aligned16(args.x.data) && aligned16(args.weight.data) && (promote_k == 0 || promote_k % 32 == 0) &&
+  // FP4 weights (packed two per byte, MX 1x32 scales) are expanded to E4M3 in shared memory by the same kernel.
+  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
+  const bool gpu_kernel = k % (fp4 ? 32 : 16) == 0 && n % 2 == 0 && aligned16(args.x.data) &&
+                          aligned16(args.weight.data) && (promote_k == 0 || promote_k % 32 == 0) &&
+                          (!fp4 || (promote_k == 32 && args.weight_recipe.granularity == WeightGranularity::MX)) &&
                           m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX;
   if (!gpu_kernel) return linear_on_host(args, stream);
   if (m == 0 || n == 0) return;
@@ -70,6 +73,7 @@ void linear(const LinearArgs& args, void* stream_handle) {
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.promote_k = promote_k == 0 ? 128 : promote_k;
+  p.b_fp4 = fp4;
 
   // Activations: quantize on the fly unless they arrive as E4M3.
   const void* x_q = args.x.data;

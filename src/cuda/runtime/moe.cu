@@ -105,13 +105,16 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   const int top_k = static_cast<int>(args.top_k_index.shape[1]);
   const int num_experts = static_cast<int>(args.gate_up.shape[0]);
   const bool gated = moe_activation_has_gate(args.activation);
-  const int64_t inter = args.down.shape[2];  // FP8 experts (FP4 experts take the host path below)
+  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
+  const int64_t inter = args.down.shape[2] * (fp4 ? 2 : 1);
   const int64_t gate_up_rows = args.gate_up.shape[1];
   const auto& act = args.activation_recipe;
   const int promote_k = promotion_k(args.weight_recipe, act);
   // What the grouped sm_90a path serves. NOTE: per-token requantization of the intermediate needs the amax of a
-  // whole row of I, across tiles: it, FP4 experts (issue 5) and odd shapes take the host path for now.
-  const bool gpu_path = args.weight_recipe.element == ElementType::FP8_E4M3 && act.granularity != ActGranularity::PerToken &&
+  // whole row of I, across tiles: it and odd shapes take the host path for now. FP4 experts (MX 1x32 scales) are
+  // expanded to E4M3 in shared memory by the same kernels.
+  const bool gpu_path = (!fp4 || (args.weight_recipe.granularity == WeightGranularity::MX && promote_k == 32)) &&
+                        act.granularity != ActGranularity::PerToken &&
                         num_experts <= kMaxGroupedExperts && hidden % 128 == 0 && inter % 128 == 0 &&
                         (promote_k == 0 || promote_k % 32 == 0) && aligned16(args.hidden.data) &&
                         aligned16(args.gate_up.data) && aligned16(args.down.data) &&
@@ -156,6 +159,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
     p.n = static_cast<int>(gate_up_rows);
     p.k = static_cast<int>(hidden);
     p.promote_k = promote_k == 0 ? 128 : promote_k;
+    p.b_fp4 = fp4;
     set_activation(p, act, x_scale.as<float>(), hidden, args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr);
     set_weight(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
     if (args.gate_up_bias.defined()) {
@@ -176,7 +180,8 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
     p.ld_q = inter;
     p.ld_q_scale = h_scale_cols;
     p.out_cols = static_cast<int>(inter);
-    launch_sm90_fp8_grouped_gemm(x_q.as<void>(), hidden, args.gate_up.data, hidden, layout, Epilogue::ActRequant, p, stream);
+    launch_sm90_fp8_grouped_gemm(x_q.as<void>(), hidden, args.gate_up.data, args.gate_up.strides[1], layout,
+                                 Epilogue::ActRequant, p, stream);
   }
 
   // 4. down, times the routing weight: y [rows, H].
@@ -189,6 +194,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
     p.n = static_cast<int>(hidden);
     p.k = static_cast<int>(inter);
     p.promote_k = promote_k == 0 ? 128 : promote_k;
+    p.b_fp4 = fp4;
     set_activation(p, act, h_scale.as<float>(), inter, args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr);
     set_weight(p, args.weight_recipe, args.down_scale, hidden, inter);
     if (args.down_bias.defined()) {
@@ -200,7 +206,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
     p.out = y.as<void>();
     p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
     p.ldo = hidden;
-    launch_sm90_fp8_grouped_gemm(h_q.as<void>(), inter, args.down.data, inter, layout, Epilogue::Store, p, stream);
+    launch_sm90_fp8_grouped_gemm(h_q.as<void>(), inter, args.down.data, args.down.strides[1], layout, Epilogue::Store, p, stream);
   }
 
   // 5. Combine: one gather per token, slots summed in order.

@@ -52,6 +52,19 @@ void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap
   throw Error("gemm config: no compiled kernel for " + c.describe());
 }
 
+// FP4 B: MX scales promote every 32. Stage counts fill the shared memory with the packed staging buffer added.
+void dispatch_dense_fp4(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
+                        const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, cudaStream_t stream) {
+  constexpr auto kStore = Epilogue::Store;
+  using S64 = NormalScheduler<64>;
+  using S128 = NormalScheduler<128>;
+  if (c.block_m == 64 && c.block_n == 64) return launch_kernel<64, 64, 9, 32, kStore, S64, true>(a, b, p, s64, c.grid, stream);
+  if (c.block_m == 64 && c.block_n == 128) return launch_kernel<64, 128, 6, 32, kStore, S64, true>(a, b, p, s64, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 64) return launch_kernel<128, 64, 7, 32, kStore, S128, true>(a, b, p, s128, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 5, 32, kStore, S128, true>(a, b, p, s128, c.grid, stream);
+  throw Error("gemm config: no compiled FP4 kernel for " + c.describe());
+}
+
 }  // namespace
 
 std::string GemmConfig::describe() const {
@@ -125,9 +138,11 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int promote_k = !promote ? 0 : (p.promote_k % 128 == 0 ? 128 : 32);
-  const GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
+  GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
+  if (p.b_fp4) c.stages = 0;  // set by the FP4 dispatch
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, c.block_m);
-  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
+  const CUtensorMap tma_b = p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
+                                    : make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
   NormalScheduler<64> s64;
   s64.m = p.m;
   s64.num_m_blocks = ceil_div(p.m, c.block_m);
@@ -154,7 +169,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   }
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
-  if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, stream);
+  if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
+  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, stream);
   else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, stream);
   else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, stream);
   if (p.workspace) {

@@ -18,6 +18,11 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   sched.num_n_blocks = ceil_div(kEpilogue == Epilogue::ActRequant ? p.out_cols : p.n, tile_cols);
   sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr;
+  if (p.b_fp4) {
+    // FP4 experts: 32-wide promotion, fewer stages (the packed staging buffer shares the shared memory).
+    constexpr int kFp4Stages = BLOCK_N == 256 ? 3 : (BLOCK_M == 128 ? 4 : 6);
+    return launch_kernel<BLOCK_M, BLOCK_N, kFp4Stages, 32, kEpilogue, decltype(sched), true>(a, b, p, sched, grid, stream);
+  }
   if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
   if (p.promote_k % 128 == 0) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue>(a, b, p, sched, grid, stream);
   return launch_kernel<BLOCK_M, BLOCK_N, kStages, 32, kEpilogue>(a, b, p, sched, grid, stream);
@@ -42,7 +47,9 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
     std::fprintf(stderr, "finegemm: grouped gemm rows=%d N=%d K=%d experts=%d epilogue=%d -> %dx%d grid=%d\n", p.m, p.n,
                  p.k, layout.num_groups, static_cast<int>(epilogue), block_m, block_n, num_sms);
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, block_m);
-  const CUtensorMap tma_b = make_tma_2d(b, static_cast<int64_t>(layout.num_groups) * p.n, p.k, ldb, block_n / 2);
+  const int64_t b_rows = static_cast<int64_t>(layout.num_groups) * p.n;
+  const CUtensorMap tma_b = p.b_fp4 ? make_tma_2d(b, b_rows, p.k / 2, ldb, block_n / 2, kGemmBlockK / 2)
+                                    : make_tma_2d(b, b_rows, p.k, ldb, block_n / 2);
   p.workspace = nullptr;
   if (epilogue == Epilogue::Store) {
     if (block_m == 64) return launch_grouped_config<64, 128, 8, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
