@@ -137,7 +137,12 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   constexpr int WGMMA_N = BLOCK_N / kNChunks;
   constexpr int kNumAcc = WGMMA_N / 2;
   constexpr int kNumTotal = BLOCK_N / 2;
+  // NOTE: setmaxnreg.inc waits until the registers are free in the pool the launch allocated (168 per thread ×
+  // 384 threads = 64512 for two consumers), not the 65536 of the SM: 64 + 2 × 224 = 65536 hung on the H200.
+  constexpr int kProducerRegs = kNumConsumers == 2 ? 56 : 64;
   constexpr int kConsumerRegs = kNumConsumers == 2 ? 224 : 240;
+  static_assert(kNumConsumers == 1 || 128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * 384,
+                "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static_assert(!kFp4B || kPromoteK == 32, "FP4 B: MX scales (1x32) promote every 32");
   using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>;
   constexpr int kSubs = Smem::kSubs;
@@ -183,8 +188,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
   if (warpgroup == kNumConsumers) {
     // ---------------- Producer warpgroup: warp 0 issues TMA, warps 1..3 stage the promotion scales.
-    // NOTE: 64, not 40: the scale-loader warps spilled at 40 and 56.
-    ptx::setmaxnreg_dec<64>();
+    ptx::setmaxnreg_dec<kProducerRegs>();
     const int warp = (threadIdx.x % 128) / 32;
     if (warp == 0 && lane == 0) {
       ptx::prefetch_tensor_map(&tma_a);
@@ -279,7 +283,6 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     }
   } else {
     // ---------------- Consumer warpgroups: wgmma, promotion, epilogue.
-    // Registers: 128·64 + kNumConsumers·128·kConsumerRegs must fit the 64K of an SM.
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32;
