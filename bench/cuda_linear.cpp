@@ -71,7 +71,8 @@ double check_rows(const LinearArgs& gpu_args, const std::vector<uint8_t>& xq, co
     if (gpu_args.activation.is_static()) a.x_scale = TensorView::of(xs_bytes.data(), DType::F32, {});
     else if (gpu_args.x_scale.ndim == 2) a.x_scale = TensorView::of(xs_bytes.data() + row * scale_cols * 4, DType::F32, {1, scale_cols});
     else a.x_scale = TensorView::of(xs_bytes.data() + row * 4, DType::F32, {1});
-    a.weight = TensorView::of(w.data(), DType::F8_E4M3, {n, k});
+    a.weight = gpu_args.weight_recipe.element == ElementType::FP4_E2M1 ? TensorView::of(w.data(), DType::U8, {n, k / 2})
+                                                                       : TensorView::of(w.data(), DType::F8_E4M3, {n, k});
     a.weight_scale = TensorView::of(ws_bytes.data(), gpu_args.weight_scale.dtype, gpu_args.weight_scale.sizes());
     std::vector<float> ref(static_cast<size_t>(n));
     a.out = TensorView::of(ref.data(), DType::F32, {1, n});
@@ -112,6 +113,8 @@ int main(int argc, char** argv) {
     else if (v == "block-ue8m0-dynamic") variants.push_back({v, WeightRecipe::block(128, 128, ScaleFormat::UE8M0), ActivationRecipe::per_token_group(128, true)});
     else if (v == "block-fp32-static") variants.push_back({v, WeightRecipe::block(), ActivationRecipe::static_per_tensor()});
     else if (v == "channel-token") variants.push_back({v, WeightRecipe::per_channel(), ActivationRecipe::per_token()});
+    else if (v == "mxfp4-group32") variants.push_back({v, WeightRecipe::mxfp4(ScaleFormat::UE8M0), ActivationRecipe::per_token_group(32)});
+    else if (v == "mxfp4-group128") variants.push_back({v, WeightRecipe::mxfp4(ScaleFormat::UE8M0), ActivationRecipe::per_token_group(128, true)});
     else { std::fprintf(stderr, "unknown variant %s\n", v.c_str()); return 2; }
   }
   cudaDeviceProp prop{};
@@ -124,16 +127,19 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&e1));
 
   for (const auto& [n, k] : nks) {
-    // Weight copies: enough to exceed 3× L2 together.
-    const size_t w_bytes = static_cast<size_t>(n * k);
+    for (const auto& var : variants) {
+    // Weight copies: enough to exceed 3× L2 together. FP4: any byte is two valid E2M1 codes.
+    const bool fp4 = var.weight.element == ElementType::FP4_E2M1;
+    const size_t w_bytes = static_cast<size_t>(n * weight_storage_cols(var.weight, k));
     const int copies = static_cast<int>(std::clamp<size_t>((3 * l2 + w_bytes - 1) / w_bytes + 1, 1, 64));
-    const std::vector<uint8_t> w_host = random_e4m3(w_bytes);
+    std::vector<uint8_t> w_host = random_e4m3(w_bytes);
+    if (fp4)
+      for (auto& b : w_host) b = static_cast<uint8_t>(rng() & 0xFF);
     std::vector<DeviceBuffer> w_dev;
     for (int c = 0; c < copies; ++c) {
       w_dev.emplace_back(kGpu, w_bytes);
       w_dev.back().copy_from_host(w_host.data(), w_bytes);
     }
-    for (const auto& var : variants) {
       const auto ws_shape = weight_scale_shape(var.weight, n, k);
       int64_t ws_count = 1;
       for (auto s : ws_shape) ws_count *= s;
@@ -162,7 +168,8 @@ int main(int argc, char** argv) {
         args.x = x_dev.view;
         args.x_scale = xs_dev.view;
         args.activation = var.activation;
-        args.weight = TensorView::of(w_dev[0].data(), DType::F8_E4M3, {n, k}, kGpu);
+        args.weight = fp4 ? TensorView::of(w_dev[0].data(), DType::U8, {n, k / 2}, kGpu)
+                          : TensorView::of(w_dev[0].data(), DType::F8_E4M3, {n, k}, kGpu);
         args.weight_scale = ws_dev.view;
         args.weight_recipe = var.weight;
         args.out = TensorView::of(out.data(), DType::BF16, {m, n}, kGpu);
@@ -214,7 +221,7 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaGraphDestroy(graph));
         }
         const double flops = 2.0 * m * n * k;
-        const double bytes = static_cast<double>(m * k + n * k + m * n * 2);
+        const double bytes = static_cast<double>(m * k + w_bytes + m * n * 2);
         const double best = us_graph > 0 ? std::min(us, us_graph) : us;
         std::printf("{\"variant\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"us_graph\": %.3f, "
                     "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d}\n",
