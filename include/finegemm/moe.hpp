@@ -19,7 +19,9 @@ const char* moe_activation_name(MoeActivation act);
 
 struct MoeArgs {
   TensorView hidden;         // [T, H] F32/BF16/F16
-  TensorView top_k_index;    // [T, k] I32/I64, -1 = skip
+  // [T, k] I32/I64, -1 = skip. CPU tensors: any other value outside [0, E) is an Error. CUDA tensors are not read
+  // on the host (that would need a synchronisation): such entries are skipped like -1, never read out of bounds.
+  TensorView top_k_index;
   TensorView top_k_weights;  // [T, k] F32/BF16/F16
 
   // Gated: [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up, or interleaved even/odd); no gate: [E, I, H].

@@ -391,7 +391,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       const int64_t bias_base = tile.group * p.bias_group_stride;
       // Column i of the tile before the activation: scales and bias applied.
       auto finish = [&](float v, float rs, int i) {
-        const int b_row = tile_b_row<BLOCK_N>(p, tile.n_block, i);
+        // Columns past the group's rows (a partial last tile) are computed and dropped: clamp their reads.
+        const int b_row = min(tile_b_row<BLOCK_N>(p, tile.n_block, i), p.n - 1);
         return v * rs * load_vec(p.col_mode, col_scale, b_row) + load_bias(p, bias_base + b_row);
       };
       auto epilogue = [&](float(&result)[kNumTotal]) {

@@ -8,6 +8,30 @@
 
 namespace finegemm::cuda {
 [[noreturn]] void throw_cuda_error(cudaError_t status, const char* what, const char* file, int line);
+
+// Makes the tensors' device current for the scope (kernels, tensor maps and workspaces follow the current device),
+// and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (device != previous_) {
+      const cudaError_t status = cudaSetDevice(device);
+      if (status != cudaSuccess) throw_cuda_error(status, "cudaSetDevice", __FILE__, __LINE__);
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_ && previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 }  // namespace finegemm::cuda
 
 #define FG_CUDA_CHECK(expr)                                                                   \

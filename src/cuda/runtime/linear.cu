@@ -49,11 +49,13 @@ int promotion_k(const LinearArgs& args) {
 
 void quantize_activations(const TensorView& x, const ActivationRecipe& recipe, const TensorView& x_q,
                           const TensorView& x_scale, void* stream) {
+  const DeviceGuard guard(x.device.index);
   launch_quantize_activations(x.data, x.dtype, x.shape[0], x.shape[1], recipe, x_q.ptr<uint8_t>(), x_scale.ptr<float>(),
                               static_cast<cudaStream_t>(stream));
 }
 
 void linear(const LinearArgs& args, void* stream_handle) {
+  const DeviceGuard guard(args.x.device.index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const int64_t m = args.x.shape[0], k = args.x.shape[1], n = args.weight.shape[0];
   const int promote_k = promotion_k(args);
@@ -61,7 +63,9 @@ void linear(const LinearArgs& args, void* stream_handle) {
   // and K-granular scales in slices of 32, 64 or 128.
   // FP4 weights (packed two per byte, MX 1x32 scales) are expanded to E4M3 in shared memory by the same kernel.
   const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
-  const bool gpu_kernel = k % (fp4 ? 32 : 16) == 0 && n % 2 == 0 && aligned16(args.x.data) &&
+  // NOTE: out is stored two elements at a time; K = 0 has no K block for a tensor map (the host path writes bias).
+  const bool out_aligned = reinterpret_cast<uintptr_t>(args.out.data) % (2 * dtype_size(args.out.dtype)) == 0;
+  const bool gpu_kernel = k > 0 && out_aligned && k % (fp4 ? 32 : 16) == 0 && n % 2 == 0 && aligned16(args.x.data) &&
                           aligned16(args.weight.data) && (promote_k == 0 || promote_k % 32 == 0) &&
                           (!fp4 || (promote_k == 32 && args.weight_recipe.granularity == WeightGranularity::MX)) &&
                           m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX;

@@ -100,6 +100,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void moe_experts(const MoeArgs& args, void* stream_handle) {
+  const DeviceGuard guard(args.hidden.device.index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
   const int top_k = static_cast<int>(args.top_k_index.shape[1]);
@@ -117,7 +118,8 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
                         act.granularity != ActGranularity::PerToken &&
                         num_experts <= kMaxGroupedExperts && hidden % 128 == 0 && inter % 128 == 0 &&
                         (promote_k == 0 || promote_k % 32 == 0) && aligned16(args.hidden.data) &&
-                        aligned16(args.gate_up.data) && aligned16(args.down.data) &&
+                        aligned16(args.gate_up.data) && aligned16(args.down.data) && aligned16(args.out.data) &&
+                        hidden <= 32768 && top_k > 0 && num_experts > 0 &&
                         num_tokens * top_k <= INT32_MAX / 2 && hidden <= INT32_MAX;
   if (!gpu_path) return moe_on_host(args, stream);
   if (num_tokens == 0) return;

@@ -23,12 +23,14 @@ std::mutex workspace_mutex;
 std::map<std::pair<int, cudaStream_t>, SplitWorkspace> workspaces;
 
 float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
-  std::lock_guard<std::mutex> lock(workspace_mutex);
-  SplitWorkspace& w = workspaces[{device, stream}];
-  if (w.bytes >= bytes) return w.ptr;
+  // NOTE: a graph never gets the cached buffer: a later eager call may regrow (free) it, and two replays of graphs
+  // captured on one stream may run at once. Under capture the caller takes a stream-ordered allocation instead.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  std::lock_guard<std::mutex> lock(workspace_mutex);
+  SplitWorkspace& w = workspaces[{device, stream}];
+  if (w.bytes >= bytes) return w.ptr;
   if (w.ptr) {
     FG_CUDA_CHECK(cudaStreamSynchronize(stream));
     FG_CUDA_CHECK(cudaFree(w.ptr));
@@ -115,10 +117,12 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
     int bm = 0, bn = 0, split = 0;
     const int got = std::sscanf(forced, "%dx%d:%d", &bm, &bn, &split);
-    if (got >= 2) {
-      c.block_m = bm;
-      c.block_n = bn;
-    }
+    const bool valid = got >= 2 && (bm == 64 || bm == 128) && (bn == 64 || bn == 128 || bn == 192);
+    if (!valid)
+      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split] with BM in {64, 128}, BN in {64, 128, 192}, got '") +
+                  forced + "'");
+    c.block_m = bm;
+    c.block_n = bn;
     if (got == 3) c.split_k = split;
   }
   c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : (c.block_n == 128 ? 6 : 5));
@@ -158,13 +162,20 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   s128.split_k = s64.split_k;
   s128.k_blocks_per_split = s64.k_blocks_per_split;
 
-  float* owned_workspace = nullptr;
+  // A stream-ordered workspace (under graph capture) is freed on the stream whatever happens below.
+  struct OwnedWorkspace {
+    float* ptr = nullptr;
+    cudaStream_t stream = nullptr;
+    ~OwnedWorkspace() {
+      if (ptr) (void)cudaFreeAsync(ptr, stream);
+    }
+  } owned{nullptr, stream};
   if (c.split_k > 1) {
     const size_t bytes = sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n;
     p.workspace = cached_workspace(device, stream, bytes);
     if (!p.workspace) {
-      FG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&owned_workspace), bytes, stream));
-      p.workspace = owned_workspace;
+      FG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&owned.ptr), bytes, stream));
+      p.workspace = owned.ptr;
     }
   }
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
@@ -178,7 +189,6 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
     splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(p, c.split_k);
     FG_CUDA_CHECK(cudaGetLastError());
-    if (owned_workspace) FG_CUDA_CHECK(cudaFreeAsync(owned_workspace, stream));
   }
 }
 
