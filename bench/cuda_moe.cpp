@@ -23,6 +23,7 @@
 
 #include "core/device_buffer.hpp"
 #include "core/formats.hpp"
+#include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/moe_routing.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 #include "finegemm/finegemm.hpp"
@@ -240,29 +241,13 @@ struct Steps {
     routing.error_count = static_cast<int32_t*>(error_count.data());
   }
 
+  // The same recipe → GemmParams mapping as moe.cu (src/cuda/runtime/gemm_args.hpp).
   static void set_activation(cuda::GemmParams& p, const ActivationRecipe& r, const float* x_scale, int64_t k,
                              const float* static_scales) {
-    if (r.is_static()) {
-      p.row_mode = cuda::VecMode::Scalar;
-      p.row_scale = static_scales;
-      p.row_scale_group_stride = 1;
-    } else {
-      p.a_scale = x_scale;
-      p.a_scale_stride_m = k / r.group_size;
-      p.a_scale_stride_k = 1;
-      p.a_group = r.group_size;
-      p.a_scale_cols = static_cast<int>(k / r.group_size);
-    }
+    cuda::set_activation_scales(p, r, x_scale, r.is_static() ? 0 : k / r.group_size, 1, k, static_scales);
   }
   static void set_weight(cuda::GemmParams& p, const WeightRecipe& r, const TensorView& scale, int64_t n, int64_t k) {
-    const auto shape = weight_scale_shape(r, n, k);
-    p.b_scale = scale.data;
-    p.b_scale_fmt = r.scale_format == ScaleFormat::FP32 ? cuda::ScaleFmt::F32 : cuda::ScaleFmt::UE8M0;
-    p.b_scale_stride_n = shape[1];
-    p.b_scale_group_stride = shape[0] * shape[1];
-    p.b_block_n = r.block_n;
-    p.b_block_k = r.block_k;
-    p.b_scale_cols = static_cast<int>(r.scale_cols(k));
+    cuda::set_weight_scales(p, r, scale, n, k);
   }
 
   // Runs the five steps on `stream`; ev (6 events, or nullptr) are recorded between them.

@@ -6,98 +6,12 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/runtime/check.hpp"
+#include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/host_fallback.hpp"
 #include "cuda/runtime/moe_routing.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
 namespace finegemm::cuda {
-namespace {
-
-// Stream-ordered scratch, freed on the stream (capturable in CUDA graphs).
-class Scratch {
- public:
-  Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    FG_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes ? bytes : 16, stream));
-  }
-  ~Scratch() { (void)cudaFreeAsync(ptr_, stream_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
-
-ScaleFmt scale_fmt(ScaleFormat f) {
-  return f == ScaleFormat::FP32 ? ScaleFmt::F32 : (f == ScaleFormat::UE8M0 ? ScaleFmt::UE8M0 : ScaleFmt::UE8M0_PACKED);
-}
-
-int out_dtype_code(DType d) {
-  return d == DType::F32 ? static_cast<int>(OutDType::F32) : d == DType::BF16 ? static_cast<int>(OutDType::BF16) : static_cast<int>(OutDType::F16);
-}
-
-// Activation-side fields of one projection: its input x_q/x_scale per the recipe, static scales per expert.
-void set_activation(GemmParams& p, const ActivationRecipe& recipe, const float* x_scale, int64_t k, const float* static_scales) {
-  switch (recipe.granularity) {
-    case ActGranularity::PerTokenGroup:
-      p.a_scale = x_scale;
-      p.a_scale_stride_m = k / recipe.group_size;
-      p.a_scale_stride_k = 1;
-      p.a_group = recipe.group_size;
-      p.a_scale_cols = static_cast<int>(k / recipe.group_size);
-      break;
-    case ActGranularity::PerToken:
-      p.row_mode = VecMode::PerIndex;
-      p.row_scale = x_scale;
-      break;
-    case ActGranularity::StaticPerTensor:
-      p.row_mode = VecMode::Scalar;
-      p.row_scale = static_scales;
-      p.row_scale_group_stride = 1;
-      break;
-  }
-}
-
-// Weight-side fields of one projection: w [E, n, k] with its scales per the recipe.
-void set_weight(GemmParams& p, const WeightRecipe& recipe, const TensorView& scale, int64_t n, int64_t k) {
-  switch (recipe.granularity) {
-    case WeightGranularity::PerTensor:
-      p.col_mode = VecMode::Scalar;
-      p.col_scale = scale.ptr<float>();
-      p.col_group_stride = 1;
-      break;
-    case WeightGranularity::PerChannel:
-      p.col_mode = VecMode::PerIndex;
-      p.col_scale = scale.ptr<float>();
-      p.col_group_stride = n;
-      break;
-    case WeightGranularity::Block:
-    case WeightGranularity::MX: {
-      const auto shape = weight_scale_shape(recipe, n, k);
-      p.b_scale = scale.data;
-      p.b_scale_fmt = scale_fmt(recipe.scale_format);
-      p.b_scale_stride_n = shape[1];
-      p.b_scale_group_stride = shape[0] * shape[1];
-      p.b_block_n = recipe.granularity == WeightGranularity::MX ? 1 : recipe.block_n;
-      p.b_block_k = recipe.granularity == WeightGranularity::MX ? 32 : recipe.block_k;
-      p.b_scale_cols = static_cast<int>(recipe.scale_cols(k));
-      break;
-    }
-  }
-}
-
-int promotion_k(const WeightRecipe& w, const ActivationRecipe& a) {
-  int g = a.granularity == ActGranularity::PerTokenGroup ? std::gcd(128, a.group_size) : 0;
-  if (w.granularity == WeightGranularity::Block || w.granularity == WeightGranularity::MX)
-    g = std::gcd(g == 0 ? 128 : g, w.granularity == WeightGranularity::MX ? 32 : w.block_k);
-  return g;
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-}  // namespace
 
 void moe_experts(const MoeArgs& args, void* stream_handle) {
   const DeviceGuard guard(args.hidden.device.index);
@@ -126,7 +40,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   const int64_t rows = num_tokens * top_k;
 
   // 1. Routing.
-  Scratch offsets((num_experts + 1) * 4, stream), row_token(rows * 4, stream), row_expert(rows * 4, stream),
+  StreamScratch offsets((num_experts + 1) * 4, stream), row_token(rows * 4, stream), row_expert(rows * 4, stream),
       row_weight(rows * 4, stream), slot_row(rows * 4, stream), error_count(4, stream),
       route_ws(moe_route_workspace_bytes(num_tokens, top_k, num_experts), stream);
   MoeRouting routing;
@@ -142,7 +56,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   // 2. Each token row read once, quantized, written to its experts' segments.
   const bool dynamic = !act.is_static();
   const int64_t x_scale_cols = dynamic ? hidden / act.group_size : 0;
-  Scratch x_q(rows * hidden, stream), x_scale(dynamic ? rows * x_scale_cols * 4 : 16, stream);
+  StreamScratch x_q(rows * hidden, stream), x_scale(dynamic ? rows * x_scale_cols * 4 : 16, stream);
   launch_moe_permute_quantize(args.hidden.data, args.hidden.dtype, num_tokens, hidden, top_k, routing, act,
                               args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr,
                               x_q.as<uint8_t>(), x_scale.as<float>(), stream);
@@ -154,7 +68,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
 
   // 3. gate_up with the activation and the requantization fused: h [rows, I] E4M3.
   const int64_t h_scale_cols = dynamic ? inter / act.group_size : 0;
-  Scratch h_q(rows * inter, stream), h_scale(dynamic ? rows * h_scale_cols * 4 : 16, stream);
+  StreamScratch h_q(rows * inter, stream), h_scale(dynamic ? rows * h_scale_cols * 4 : 16, stream);
   {
     GemmParams p;
     p.m = static_cast<int>(rows);
@@ -162,13 +76,10 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
     p.k = static_cast<int>(hidden);
     p.promote_k = promote_k == 0 ? 128 : promote_k;
     p.b_fp4 = fp4;
-    set_activation(p, act, x_scale.as<float>(), hidden, args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr);
-    set_weight(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
-    if (args.gate_up_bias.defined()) {
-      p.bias = args.gate_up_bias.data;
-      p.bias_dtype = out_dtype_code(args.gate_up_bias.dtype);
-      p.bias_group_stride = gate_up_rows;
-    }
+    set_activation_scales(p, act, x_scale.as<float>(), x_scale_cols, 1, hidden,
+                          args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr);
+    set_weight_scales(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
+    set_bias(p, args.gate_up_bias, gate_up_rows);
     p.b_layout = !gated ? BLayout::Plain : (args.interleaved_gate_up ? BLayout::Interleaved : BLayout::GateUpHalves);
     p.gate_up_split = static_cast<int>(inter);
     p.act_kind = static_cast<int>(args.activation);
@@ -189,7 +100,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   // 4. down, times the routing weight: y [rows, H].
   // NOTE: y is FP32 while it stays under 1 GiB (exact sums in the combine), BF16 beyond (T·k·H large prefill).
   const bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
-  Scratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
+  StreamScratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
   {
     GemmParams p;
     p.m = static_cast<int>(rows);
@@ -197,13 +108,10 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
     p.k = static_cast<int>(inter);
     p.promote_k = promote_k == 0 ? 128 : promote_k;
     p.b_fp4 = fp4;
-    set_activation(p, act, h_scale.as<float>(), inter, args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr);
-    set_weight(p, args.weight_recipe, args.down_scale, hidden, inter);
-    if (args.down_bias.defined()) {
-      p.bias = args.down_bias.data;
-      p.bias_dtype = out_dtype_code(args.down_bias.dtype);
-      p.bias_group_stride = hidden;
-    }
+    set_activation_scales(p, act, h_scale.as<float>(), h_scale_cols, 1, inter,
+                          args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr);
+    set_weight_scales(p, args.weight_recipe, args.down_scale, hidden, inter);
+    set_bias(p, args.down_bias, hidden);
     p.row_weight = routing.row_weight;
     p.out = y.as<void>();
     p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
