@@ -109,7 +109,7 @@ TEST_F(CudaEdge, LinearKNotMultipleOf128) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // 2. An output view that starts one element into its allocation (not aligned for the kernel's paired stores):
-//    the right answer (by the host path), and the element before the view left alone.
+//    the right answer (by the host path), and the guard elements before and after the view left alone.
 TEST_F(CudaEdge, LinearOutMisalignedByOneElement) {
   const NamedRecipe recipe = recipe_of(WeightRecipe::block(), ActivationRecipe::per_token_group(128));
   const int64_t n = 400, k = 512;
@@ -119,8 +119,8 @@ TEST_F(CudaEdge, LinearOutMisalignedByOneElement) {
       const LinearArgs host_args = data.args(data.out.view);
       const HostTensor ref = reference_linear(host_args);
 
-      const size_t element = dtype_size(out_dtype), bytes = static_cast<size_t>(m * n + 1) * element;
-      HostTensor poisoned(out_dtype, {m * n + 1});
+      const size_t element = dtype_size(out_dtype), bytes = static_cast<size_t>(m * n + 2) * element;
+      HostTensor poisoned(out_dtype, {m * n + 2});
       tools::poison(poisoned.view);
       DeviceBuffer out_buffer(kGpu, bytes);
       out_buffer.copy_from_host(poisoned.bytes.data(), bytes);
@@ -132,10 +132,12 @@ TEST_F(CudaEdge, LinearOutMisalignedByOneElement) {
       synchronize(kGpu);
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 
-      HostTensor back(out_dtype, {m * n + 1});
+      HostTensor back(out_dtype, {m * n + 2});
       out_buffer.copy_to_host(back.bytes.data(), bytes);
       EXPECT_EQ(0, std::memcmp(back.bytes.data(), poisoned.bytes.data(), element))
           << "the element before the view was written: " << describe(recipe, m, n, k, out_dtype);
+      EXPECT_EQ(0, std::memcmp(back.bytes.data() + bytes - element, poisoned.bytes.data() + bytes - element, element))
+          << "the element after the view was written: " << describe(recipe, m, n, k, out_dtype);
       const TensorView got = TensorView::of(back.bytes.data() + element, out_dtype, {m, n});
       const auto cmp = tools::compare(got, ref.view);
       EXPECT_TRUE(cmp.ok(tolerance(out_dtype)))
