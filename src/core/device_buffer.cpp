@@ -10,11 +10,11 @@ namespace finegemm {
 
 #if FINEGEMM_WITH_CUDA
 namespace cuda {
-void* device_alloc(size_t bytes);
-void device_free(void* ptr);
+void* device_alloc(int device, size_t bytes);
+void device_free(int device, void* ptr);
 void copy_host_to_device(void* dst, const void* src, size_t bytes);
 void copy_device_to_host(void* dst, const void* src, size_t bytes);
-void device_synchronize();
+void device_synchronize(int device);
 }  // namespace cuda
 #endif
 
@@ -25,7 +25,7 @@ DeviceBuffer::DeviceBuffer(Device device, size_t bytes) : bytes_(bytes), device_
     if (!data_) throw Error(ErrorKind::Runtime, "out of host memory allocating " + std::to_string(bytes) + " bytes");
   } else {
 #if FINEGEMM_WITH_CUDA
-    data_ = cuda::device_alloc(alloc);
+    data_ = cuda::device_alloc(device.index, alloc);
 #else
     throw Error(ErrorKind::Runtime, "device: this finegemm was built without CUDA, got " + device_name(device));
 #endif
@@ -36,7 +36,7 @@ DeviceBuffer::~DeviceBuffer() {
   if (!data_) return;
   if (device_.type == DeviceType::CPU) std::free(data_);
 #if FINEGEMM_WITH_CUDA
-  else cuda::device_free(data_);
+  else cuda::device_free(device_.index, data_);
 #endif
 }
 
@@ -98,7 +98,7 @@ void copy_to_host(const TensorView& device_tensor, const TensorView& host) {
 
 void synchronize(Device device) {
 #if FINEGEMM_WITH_CUDA
-  if (device.type == DeviceType::CUDA) cuda::device_synchronize();
+  if (device.type == DeviceType::CUDA) cuda::device_synchronize(device.index);
 #else
   (void)device;
 #endif
