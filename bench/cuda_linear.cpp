@@ -105,6 +105,11 @@ int main(int argc, char** argv) {
       for (char* tok = std::strtok(argv[++i], ","); tok; tok = std::strtok(nullptr, ",")) variant_names.push_back(tok);
     } else if (a == "--quick") {
       nks.resize(3);
+    } else if (a == "--nk" && i + 1 < argc) {  // one (N, K) shape: --nk 7168:16384
+      const std::string nk = argv[++i];
+      const auto colon = nk.find(':');
+      if (colon == std::string::npos) { std::fprintf(stderr, "--nk expects N:K, got %s\n", nk.c_str()); return 2; }
+      nks = {{std::atoll(nk.substr(0, colon).c_str()), std::atoll(nk.substr(colon + 1).c_str())}};
     }
   }
   std::vector<Variant> variants;
