@@ -8,34 +8,125 @@
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/host_fallback.hpp"
+#include "cuda/runtime/moe.hpp"
 #include "cuda/runtime/moe_routing.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
 namespace finegemm::cuda {
 
-void moe_experts(const MoeArgs& args, void* stream_handle) {
-  const DeviceGuard guard(args.hidden.device.index);
-  const auto stream = static_cast<cudaStream_t>(stream_handle);
+std::string moe_gpu_path_refusal(const MoeArgs& args) {
   const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
   const int top_k = static_cast<int>(args.top_k_index.shape[1]);
   const int num_experts = static_cast<int>(args.gate_up.shape[0]);
+  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
+  const int64_t inter = args.down.shape[2] * (fp4 ? 2 : 1);
+  const auto& act = args.activation_recipe;
+  const int promote_k = promotion_k(args.weight_recipe, act);
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  // What the grouped sm_90a path serves. NOTE: per-token requantization of the intermediate needs the amax of a
+  // whole row of I, across tiles: it and odd shapes take the host path for now. FP4 experts (MX 1x32 scales) are
+  // expanded to E4M3 in shared memory by the same kernels.
+  if (fp4 && !(args.weight_recipe.granularity == WeightGranularity::MX && promote_k == 32))
+    return "weight_recipe: FP4 experts run on the GPU with MX 1x32 scales and 1x32 (or 1x128) activation groups, got " +
+           args.weight_recipe.name() + " with activations " + act.name();
+  if (act.granularity == ActGranularity::PerToken)
+    return "activation_recipe: per-token activation scales are not served by the GPU MoE kernels (the intermediate's "
+           "per-row amax spans tiles); use per-token-group or static scales";
+  if (num_experts > kMaxGroupedExperts)
+    return "gate_up: the grouped GEMM takes at most " + str(kMaxGroupedExperts) + " experts, got " + str(num_experts);
+  if (num_experts <= 0) return "gate_up: expected at least one expert, got 0";
+  if (hidden % 128 != 0 || hidden > 32768)
+    return "hidden: the GPU kernels take H a multiple of 128 and at most 32768, got H=" + str(hidden);
+  if (inter % 128 != 0) return "down: the GPU kernels take I a multiple of 128, got I=" + str(inter);
+  if (promote_k != 0 && promote_k % 32 != 0)
+    return "weight_recipe: the GPU kernels promote every 32 or 128 elements of K; " + args.weight_recipe.name() +
+           " with activations " + act.name() + " needs every " + str(promote_k);
+  if (!aligned16(args.hidden.data)) return "hidden: expected a 16-byte aligned device pointer";
+  if (!aligned16(args.gate_up.data)) return "gate_up: expected a 16-byte aligned device pointer";
+  if (!aligned16(args.down.data)) return "down: expected a 16-byte aligned device pointer";
+  if (!aligned16(args.out.data)) return "out: expected a 16-byte aligned device pointer";
+  if (top_k <= 0) return "top_k_index: expected k >= 1 slots per token, got 0";
+  if (num_tokens * top_k > INT32_MAX / 2)
+    return "hidden: T·k = " + str(num_tokens * top_k) + " routed rows, the GPU kernels take at most 2^30";
+  return {};
+}
+
+void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream) {
+  const int64_t hidden = args.down.shape[1];
   const bool gated = moe_activation_has_gate(args.activation);
   const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
   const int64_t inter = args.down.shape[2] * (fp4 ? 2 : 1);
   const int64_t gate_up_rows = args.gate_up.shape[1];
   const auto& act = args.activation_recipe;
   const int promote_k = promotion_k(args.weight_recipe, act);
-  // What the grouped sm_90a path serves. NOTE: per-token requantization of the intermediate needs the amax of a
-  // whole row of I, across tiles: it and odd shapes take the host path for now. FP4 experts (MX 1x32 scales) are
-  // expanded to E4M3 in shared memory by the same kernels.
-  const bool gpu_path = (!fp4 || (args.weight_recipe.granularity == WeightGranularity::MX && promote_k == 32)) &&
-                        act.granularity != ActGranularity::PerToken &&
-                        num_experts <= kMaxGroupedExperts && hidden % 128 == 0 && inter % 128 == 0 &&
-                        (promote_k == 0 || promote_k % 32 == 0) && aligned16(args.hidden.data) &&
-                        aligned16(args.gate_up.data) && aligned16(args.down.data) && aligned16(args.out.data) &&
-                        hidden <= 32768 && top_k > 0 && num_experts > 0 &&
-                        num_tokens * top_k <= INT32_MAX / 2 && hidden <= INT32_MAX;
-  if (!gpu_path) return moe_on_host(args, stream);
+  const bool dynamic = !act.is_static();
+  const int64_t rows = in.rows;
+  if (rows == 0) return;
+
+  GroupedLayout layout;
+  layout.offsets = in.expert_offsets;
+  layout.num_groups = in.num_experts;
+  layout.expected_rows_per_group = rows / std::max(1, in.num_experts);
+
+  // gate_up with the activation and the requantization fused: h [rows, I] E4M3.
+  const int64_t x_scale_cols = dynamic ? hidden / act.group_size : 0;
+  const int64_t h_scale_cols = dynamic ? inter / act.group_size : 0;
+  StreamScratch h_q(rows * inter, stream), h_scale(dynamic ? rows * h_scale_cols * 4 : 16, stream);
+  {
+    GemmParams p;
+    p.m = static_cast<int>(rows);
+    p.n = static_cast<int>(gate_up_rows);
+    p.k = static_cast<int>(hidden);
+    p.promote_k = promote_k == 0 ? 128 : promote_k;
+    p.b_fp4 = fp4;
+    set_activation_scales(p, act, in.x_scale, x_scale_cols, 1, hidden, in.gate_up_act_scale);
+    set_weight_scales(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
+    set_bias(p, args.gate_up_bias, gate_up_rows);
+    p.b_layout = !gated ? BLayout::Plain : (args.interleaved_gate_up ? BLayout::Interleaved : BLayout::GateUpHalves);
+    p.gate_up_split = static_cast<int>(inter);
+    p.act_kind = static_cast<int>(args.activation);
+    p.swiglu_limit = args.swiglu_limit;
+    p.swiglu_alpha = args.swiglu_alpha;
+    p.requant_group = dynamic ? act.group_size : 0;
+    p.requant_pow2 = act.pow2_scale;
+    p.requant_static = dynamic ? nullptr : in.down_act_scale;
+    p.out_q = h_q.as<uint8_t>();
+    p.out_q_scale = h_scale.as<float>();
+    p.ld_q = inter;
+    p.ld_q_scale = h_scale_cols;
+    p.out_cols = static_cast<int>(inter);
+    launch_sm90_fp8_grouped_gemm(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], layout,
+                                 Epilogue::ActRequant, p, stream);
+  }
+
+  // down, times the routing weight: y [rows, H].
+  {
+    GemmParams p;
+    p.m = static_cast<int>(rows);
+    p.n = static_cast<int>(hidden);
+    p.k = static_cast<int>(inter);
+    p.promote_k = promote_k == 0 ? 128 : promote_k;
+    p.b_fp4 = fp4;
+    set_activation_scales(p, act, h_scale.as<float>(), h_scale_cols, 1, inter, in.down_act_scale);
+    set_weight_scales(p, args.weight_recipe, args.down_scale, hidden, inter);
+    set_bias(p, args.down_bias, hidden);
+    p.row_weight = in.row_weight;
+    p.out = y;
+    p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
+    p.ldo = hidden;
+    launch_sm90_fp8_grouped_gemm(h_q.as<void>(), inter, args.down.data, args.down.strides[1], layout, Epilogue::Store,
+                                 p, stream);
+  }
+}
+
+void moe_experts(const MoeArgs& args, void* stream_handle) {
+  const DeviceGuard guard(args.hidden.device.index);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  if (!moe_gpu_path_refusal(args).empty()) return moe_on_host(args, stream);
+  const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
+  const int top_k = static_cast<int>(args.top_k_index.shape[1]);
+  const int num_experts = static_cast<int>(args.gate_up.shape[0]);
+  const auto& act = args.activation_recipe;
   if (num_tokens == 0) return;
   const int64_t rows = num_tokens * top_k;
 
@@ -57,67 +148,24 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   const bool dynamic = !act.is_static();
   const int64_t x_scale_cols = dynamic ? hidden / act.group_size : 0;
   StreamScratch x_q(rows * hidden, stream), x_scale(dynamic ? rows * x_scale_cols * 4 : 16, stream);
+  const float* gate_up_act_scale = args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr;
   launch_moe_permute_quantize(args.hidden.data, args.hidden.dtype, num_tokens, hidden, top_k, routing, act,
-                              args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr,
-                              x_q.as<uint8_t>(), x_scale.as<float>(), stream);
+                              gate_up_act_scale, x_q.as<uint8_t>(), x_scale.as<float>(), stream);
 
-  GroupedLayout layout;
-  layout.offsets = routing.expert_offsets;
-  layout.num_groups = num_experts;
-  layout.expected_rows_per_group = rows / std::max(1, num_experts);
-
-  // 3. gate_up with the activation and the requantization fused: h [rows, I] E4M3.
-  const int64_t h_scale_cols = dynamic ? inter / act.group_size : 0;
-  StreamScratch h_q(rows * inter, stream), h_scale(dynamic ? rows * h_scale_cols * 4 : 16, stream);
-  {
-    GemmParams p;
-    p.m = static_cast<int>(rows);
-    p.n = static_cast<int>(gate_up_rows);
-    p.k = static_cast<int>(hidden);
-    p.promote_k = promote_k == 0 ? 128 : promote_k;
-    p.b_fp4 = fp4;
-    set_activation_scales(p, act, x_scale.as<float>(), x_scale_cols, 1, hidden,
-                          args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr);
-    set_weight_scales(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
-    set_bias(p, args.gate_up_bias, gate_up_rows);
-    p.b_layout = !gated ? BLayout::Plain : (args.interleaved_gate_up ? BLayout::Interleaved : BLayout::GateUpHalves);
-    p.gate_up_split = static_cast<int>(inter);
-    p.act_kind = static_cast<int>(args.activation);
-    p.swiglu_limit = args.swiglu_limit;
-    p.swiglu_alpha = args.swiglu_alpha;
-    p.requant_group = dynamic ? act.group_size : 0;
-    p.requant_pow2 = act.pow2_scale;
-    p.requant_static = dynamic ? nullptr : args.down_act_scale.ptr<float>();
-    p.out_q = h_q.as<uint8_t>();
-    p.out_q_scale = h_scale.as<float>();
-    p.ld_q = inter;
-    p.ld_q_scale = h_scale_cols;
-    p.out_cols = static_cast<int>(inter);
-    launch_sm90_fp8_grouped_gemm(x_q.as<void>(), hidden, args.gate_up.data, args.gate_up.strides[1], layout,
-                                 Epilogue::ActRequant, p, stream);
-  }
-
-  // 4. down, times the routing weight: y [rows, H].
+  // 3-4. gate_up (activation and requantization fused), then down times the routing weight: y [rows, H].
   // NOTE: y is FP32 while it stays under 1 GiB (exact sums in the combine), BF16 beyond (T·k·H large prefill).
   const bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
   StreamScratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
-  {
-    GemmParams p;
-    p.m = static_cast<int>(rows);
-    p.n = static_cast<int>(hidden);
-    p.k = static_cast<int>(inter);
-    p.promote_k = promote_k == 0 ? 128 : promote_k;
-    p.b_fp4 = fp4;
-    set_activation_scales(p, act, h_scale.as<float>(), h_scale_cols, 1, inter,
-                          args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr);
-    set_weight_scales(p, args.weight_recipe, args.down_scale, hidden, inter);
-    set_bias(p, args.down_bias, hidden);
-    p.row_weight = routing.row_weight;
-    p.out = y.as<void>();
-    p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
-    p.ldo = hidden;
-    launch_sm90_fp8_grouped_gemm(h_q.as<void>(), inter, args.down.data, args.down.strides[1], layout, Epilogue::Store, p, stream);
-  }
+  PermutedRows in;
+  in.x_q = x_q.as<uint8_t>();
+  in.x_scale = x_scale.as<float>();
+  in.row_weight = routing.row_weight;
+  in.expert_offsets = routing.expert_offsets;
+  in.rows = rows;
+  in.num_experts = num_experts;
+  in.gate_up_act_scale = gate_up_act_scale;
+  in.down_act_scale = args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr;
+  moe_expert_gemms(args, in, y.as<void>(), y_f32, stream);
 
   // 5. Combine: one gather per token, slots summed in order.
   launch_moe_combine(y.as<void>(), y_f32 ? DType::F32 : DType::BF16, routing, num_tokens, top_k, hidden, args.out.data,

@@ -1,0 +1,33 @@
+// The parts of the GPU MoE block (moe.cu) that the expert-parallel layer (ep.cu) shares with it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "finegemm/moe.hpp"
+
+namespace finegemm::cuda {
+
+// Empty when the sm_90a kernels serve `args` (moe_experts runs them); else why not, naming the argument
+// (moe_experts then runs the block on the host; the EP layer refuses it with this message).
+std::string moe_gpu_path_refusal(const MoeArgs& args);
+
+// Rows already routed, permuted (expert-major) and quantized: the input of the experts' GEMMs.
+struct PermutedRows {
+  const uint8_t* x_q = nullptr;          // [rows, H] E4M3
+  const float* x_scale = nullptr;        // dynamic: [rows, H/group]; static: unused
+  const float* row_weight = nullptr;     // [rows]: routing weight of each row
+  const int32_t* expert_offsets = nullptr;  // [E + 1] on the device: rows of expert e are [offsets[e], offsets[e+1])
+  int64_t rows = 0;                      // an upper bound of offsets[E] (buffers are sized for it)
+  int num_experts = 0;                   // E: the experts of args.gate_up / args.down
+  const float* gate_up_act_scale = nullptr;  // static: [E], the scale rows of expert e were quantized with
+  const float* down_act_scale = nullptr;     // static: [E]
+};
+
+// The experts' two grouped GEMMs: gate_up with the activation and its requantization fused, then down with the
+// routing weight in its epilogue: y [rows, H] (F32 or BF16, rows scaled by their routing weight), in the rows'
+// order. Weights, scales, biases and the activation come from `args`; its hidden/top_k/out are not read.
+void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream);
+
+}  // namespace finegemm::cuda
