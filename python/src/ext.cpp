@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -424,4 +425,92 @@ NB_MODULE(_ext, m) {
       "activation"_a = fg::MoeActivation::SwiGLU, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 1.702f,
       "interleaved_gate_up"_a = false, "backend"_a = fg::Backend::Auto, "stream"_a = 0,
       "The Mixture-of-Experts block of transformers' FP8Experts, written into `out` [T, H].");
+
+  // ---- Expert parallelism over NCCL (finegemm/ep.hpp). A build without NCCL has the same functions; they raise
+  // FinegemmRuntimeError saying so (ep_available() tells first).
+  m.def("ep_available", &fg::ep_available, "Built with expert parallelism (CUDA and NCCL).");
+  m.def(
+      "ep_unique_id",
+      [] {
+        const fg::EpUniqueId id = fg::ep_unique_id();
+        return nb::bytes(id.data(), id.size());
+      },
+      "A new NCCL unique id (128 bytes): made on rank 0, handed to every rank.");
+  nb::class_<fg::EpGroup>(m, "EpGroup", "One rank's NCCL communicator on one GPU (finegemm/ep.hpp).")
+      .def_static(
+          "init",
+          [](int rank, int world, nb::bytes unique_id, int device) {
+            fg::EpUniqueId id{};
+            if (unique_id.size() != id.size())
+              throw fg::Error("unique_id: expected the " + std::to_string(id.size()) + " bytes of ep_unique_id(), got " +
+                              std::to_string(unique_id.size()) + " bytes");
+            std::memcpy(id.data(), unique_id.c_str(), id.size());
+            nb::gil_scoped_release release;
+            return fg::EpGroup::init(rank, world, id, device);
+          },
+          "rank"_a, "world"_a, "unique_id"_a, "device"_a,
+          "ncclCommInitRank on `device`; every rank calls it with the same id (blocks until all have joined).")
+      .def_static(
+          "init_all",
+          [](const std::vector<int>& devices) {
+            std::vector<fg::EpGroup> groups;
+            {
+              nb::gil_scoped_release release;
+              groups = fg::EpGroup::init_all(devices);
+            }
+            nb::list out;
+            for (auto& g : groups) out.append(nb::cast(std::move(g)));
+            return out;
+          },
+          "devices"_a, "ncclCommInitAll: one group per device, all in this process (rank i on devices[i]).")
+      .def_prop_ro("rank", &fg::EpGroup::rank)
+      .def_prop_ro("world", &fg::EpGroup::world)
+      .def_prop_ro("device", &fg::EpGroup::device);
+  m.def(
+      "moe_experts_ep",
+      [](nb::handle hidden, nb::handle top_k_index, nb::handle top_k_weights, nb::handle gate_up,
+         nb::handle gate_up_scale, nb::handle down, nb::handle down_scale, nb::handle out_array, fg::EpGroup& group,
+         int num_global_experts, const fg::WeightRecipe& weight_recipe, const fg::ActivationRecipe& activation_recipe,
+         nb::handle gate_up_act_scale, nb::handle down_act_scale, nb::handle gate_up_bias, nb::handle down_bias,
+         fg::MoeActivation activation, float swiglu_limit, float swiglu_alpha, bool interleaved_gate_up,
+         const std::string& wire_y, int chunks, uintptr_t stream) {
+        Keep keep;
+        fg::MoeArgs args;
+        args.hidden = in(hidden, "hidden", keep);
+        args.top_k_index = in(top_k_index, "top_k_index", keep);
+        args.top_k_weights = in(top_k_weights, "top_k_weights", keep);
+        args.gate_up = in(gate_up, "gate_up", keep);
+        args.gate_up_scale = in(gate_up_scale, "gate_up_scale", keep);
+        args.down = in(down, "down", keep);
+        args.down_scale = in(down_scale, "down_scale", keep);
+        args.weight_recipe = weight_recipe;
+        args.activation_recipe = activation_recipe;
+        args.gate_up_act_scale = in_opt(gate_up_act_scale, "gate_up_act_scale", keep);
+        args.down_act_scale = in_opt(down_act_scale, "down_act_scale", keep);
+        args.gate_up_bias = in_opt(gate_up_bias, "gate_up_bias", keep);
+        args.down_bias = in_opt(down_bias, "down_bias", keep);
+        args.activation = activation;
+        args.swiglu_limit = swiglu_limit;
+        args.swiglu_alpha = swiglu_alpha;
+        args.interleaved_gate_up = interleaved_gate_up;
+        args.out = out(out_array, "out", keep);
+        fg::EpMoeOptions options;
+        if (wire_y == "float32")
+          options.wire_y = fg::DType::F32;
+        else if (wire_y == "bfloat16")
+          options.wire_y = fg::DType::BF16;
+        else
+          throw fg::Error(fg::ErrorKind::Type, "wire_y: expected 'float32' or 'bfloat16', got '" + wire_y + "'");
+        options.chunks = chunks;
+        nb::gil_scoped_release release;
+        fg::moe_experts_ep(args, num_global_experts, group, options, run_options(fg::Backend::Cuda, stream));
+      },
+      "hidden"_a.none(), "top_k_index"_a.none(), "top_k_weights"_a.none(), "gate_up"_a.none(), "gate_up_scale"_a.none(),
+      "down"_a.none(), "down_scale"_a.none(), "out"_a.none(), nb::kw_only(), "group"_a, "num_global_experts"_a,
+      "weight_recipe"_a, "activation_recipe"_a, "gate_up_act_scale"_a.none() = nb::none(),
+      "down_act_scale"_a.none() = nb::none(), "gate_up_bias"_a.none() = nb::none(), "down_bias"_a.none() = nb::none(),
+      "activation"_a = fg::MoeActivation::SwiGLU, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 1.702f,
+      "interleaved_gate_up"_a = false, "wire_y"_a = "float32", "chunks"_a = 1, "stream"_a = 0,
+      "One expert-parallel MoE layer on this rank (finegemm/ep.hpp): the rank's tokens, its E/W experts, GLOBAL "
+      "expert ids in top_k_index; written into `out` [T, H].");
 }

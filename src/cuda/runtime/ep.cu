@@ -246,9 +246,6 @@ void validate_moe_ep(const MoeArgs& args, int num_global_experts, int rank, int 
       fail("down_act_scale: expected shape [" + str(local) + "] (the rank's experts) or [" + str(num_global_experts) +
            "] (all experts), got " + shape_string(d));
   }
-  const MoeArgs local_args = local_view(args, num_global_experts, rank, world);
-  validate_moe(local_args);
-
   const std::pair<const TensorView*, const char*> tensors[] = {
       {&args.hidden, "hidden"},           {&args.top_k_index, "top_k_index"},
       {&args.top_k_weights, "top_k_weights"}, {&args.gate_up, "gate_up"},
@@ -261,6 +258,9 @@ void validate_moe_ep(const MoeArgs& args, int num_global_experts, int rank, int 
     if (t->defined() && t->device != expected)
       fail(std::string(name) + ": expected a tensor on " + device_name(expected) + " (the EP group's device), got " +
            device_name(t->device));
+  // NOTE: after the placement check: on CPU tensors validate_moe would read top_k_index and refuse the global ids.
+  const MoeArgs local_args = local_view(args, num_global_experts, rank, world);
+  validate_moe(local_args);
   if (const std::string refusal = cuda::moe_gpu_path_refusal(local_args); !refusal.empty())
     fail(refusal + " (moe_experts_ep runs on the GPU kernels only)");
 }
