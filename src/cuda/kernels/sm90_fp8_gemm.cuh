@@ -121,7 +121,11 @@ __device__ __forceinline__ void store_pair(const GemmParams& p, int row, int col
   }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B>
+// kCluster = 2: two CTAs of a cluster take vertically adjacent tiles of one column block (the scheduler hands out
+// pairs, Scheduler's BLOCK_M is 2·BLOCK_M); each loads its own A and half of the shared B tile, multicast to both,
+// which halves the B traffic from L2.
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B,
+          int kCluster = 1>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const GemmParams p, const Scheduler scheduler_arg) {
@@ -144,6 +148,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   static_assert(kNumConsumers == 1 || 128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * 384,
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static_assert(!kFp4B || kPromoteK == 32, "FP4 B: MX scales (1x32) promote every 32");
+  static_assert(kCluster == 1 || (kCluster == 2 && !kFp4B), "clusters: 1, or 2 CTAs sharing an E4M3 B tile");
   using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>;
   constexpr int kSubs = Smem::kSubs;
   constexpr int kStepsPerSub = kPromote ? kPromoteK / 32 : kGemmBlockK / 32;
@@ -166,6 +171,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
+  // The CTA's place in its cluster; its tiles are every (gridDim.x / kCluster)-th from its cluster's index.
+  const uint32_t cta_rank = kCluster == 1 ? 0u : ptx::cluster_ctarank();
+  const int tile_begin = static_cast<int>(blockIdx.x) / kCluster;
+  const int tile_step = static_cast<int>(gridDim.x) / kCluster;
   // One B scale for the whole tile, or one per 8-column chunk, or one per column.
   const bool b_uniform = p.b_layout == BLayout::Plain && p.b_block_n % BLOCK_N == 0;
   const bool b_chunk_uniform = p.b_block_n % 8 == 0;
@@ -175,14 +184,28 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kNumStages; ++s) {
       ptx::mbar_init(&full[s], kPromote ? 1 + 32 : 1);
-      ptx::mbar_init(&empty[s], kNumConsumers * 4);
+      ptx::mbar_init(&empty[s], kNumConsumers * 4 * kCluster);  // with a cluster, both CTAs' consumers release
       if constexpr (kFp4B) ptx::mbar_init(&raw_full[s], 1);
     }
     ptx::fence_barrier_init();
   }
   Scheduler scheduler = scheduler_arg;
   scheduler.prepare(smem_scheduler, blockDim.x);
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    ptx::cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive reaches them
+  } else {
+    __syncthreads();
+  }
+  auto tile_at = [&](int t) {
+    TileInfo info = scheduler.tile(t);
+    if constexpr (kCluster > 1) info.m_row0 += static_cast<int>(cta_rank) * BLOCK_M;
+    return info;
+  };
+  // A consumer warp releases a stage in its own CTA and, with a cluster, in the peer (whose B half it also holds).
+  auto release = [&](int stage) {
+    ptx::mbar_arrive(&empty[stage]);
+    if constexpr (kCluster > 1) ptx::mbar_arrive_cluster(&empty[stage], cta_rank ^ 1u);
+  };
 
   const int num_tiles = scheduler.num_tiles();
 
@@ -194,8 +217,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t iter = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const TileInfo tile = scheduler.tile(t);
+      for (int t = tile_begin; t < num_tiles; t += tile_step) {
+        const TileInfo tile = tile_at(t);
         const int b_row0 = tile.group * p.n + tile_b_row<BLOCK_N>(p, tile.n_block, 0);
         const int b_row1 = tile.group * p.n + tile_b_row<BLOCK_N>(p, tile.n_block, BLOCK_N / 2);
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
@@ -215,70 +238,127 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_row0);
             // B in two halves of BLOCK_N/2 rows (the gate and up halves of a fused gate_up tile).
             uint8_t* b_dst = smem_b + stage * Smem::kStageB;
-            ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
-            ptx::tma_load_2d(b_dst + (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage], kb * kGemmBlockK, b_row1);
+            if constexpr (kCluster > 1) {
+              // This CTA's half of B, into both CTAs (the peer loads the other half into both).
+              ptx::tma_load_2d_multicast(b_dst + cta_rank * (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage],
+                                         kb * kGemmBlockK, cta_rank == 0 ? b_row0 : b_row1, 0x3);
+            } else {
+              ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
+              ptx::tma_load_2d(b_dst + (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage], kb * kGemmBlockK, b_row1);
+            }
           }
         }
       }
     } else if (kPromote && warp >= 1) {
       // Warps 1..3 stage the promotion scales, taking the K blocks in turn.
       // NOTE: one warp gathering every stage was latency-bound (a dependent global load per stage): decode at
-      // M=1, N=7168, K=16384 streamed 1.5 TB/s. Three warps keep three stages' loads in flight.
-      // Scales are gathered with plain loads up to kNumStages K blocks ahead of the math, so any scale layout
-      // (row- or column-major, UE8M0, packed) works and the latency never sits on the consumers' path.
+      // M=1, N=7168, K=16384 streamed 1.5 TB/s. Three warps keep three stages' loads in flight, and (one promotion
+      // slice per stage) each warp loads its next K block's scales into registers before it waits for and fills
+      // the current stage: six K blocks' loads in flight, so the load latency stays off the consumers' path.
+      // Scales are gathered with plain loads, so any scale layout (row- or column-major, UE8M0, packed) works.
+      constexpr int kLoaders = 3;
+      constexpr int kVa = BLOCK_M / 32, kVb = (BLOCK_N + 31) / 32;
+      // Two sets in flight when a stage has one promotion slice; FP4 / 1x32 recipes (four slices) keep one.
+      constexpr bool kPipelined = kSubs == 1;
       const int loader = warp - 1;
-      uint32_t iter = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const TileInfo tile = scheduler.tile(t);
-        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
-          if (static_cast<int>(iter % 3) != loader) continue;
-          const int stage = iter % kNumStages;
-          ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
+      struct Cursor {
+        int t;
+        TileInfo tile;
+        int kb;
+        uint32_t iter;
+        bool valid;
+      };
+      auto seek_tile = [&](Cursor& c) {  // from tile c.t on, the first tile with K blocks
+        for (; c.t < num_tiles; c.t += tile_step) {
+          c.tile = tile_at(c.t);
+          if (c.tile.kb_begin < c.tile.kb_end) {
+            c.kb = c.tile.kb_begin;
+            c.valid = true;
+            return;
+          }
+        }
+        c.valid = false;
+      };
+      auto step = [&](Cursor& c, int n) {  // n K blocks forward, in the order the producer and consumers walk
+        for (int i = 0; i < n && c.valid; ++i) {
+          ++c.iter;
+          if (++c.kb >= c.tile.kb_end) {
+            c.t += tile_step;
+            seek_tile(c);
+          }
+        }
+      };
+      auto load = [&](const Cursor& c, int sub, float(&va)[kVa], float(&vb)[kVb]) {
+        const int k_global = c.kb * kGemmBlockK + sub * kPromoteK;
+        const int g = min(k_global / p.a_group, p.a_scale_cols - 1);
+        const int kb_scale = min(k_global / p.b_block_k, p.b_scale_cols - 1);
+#pragma unroll
+        for (int j = 0; j < kVa; ++j) {
+          const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
+          va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kVb; ++j) {
+          const int i = lane + 32 * j;
+          const int b_row = min(tile_b_row<BLOCK_N>(p, c.tile.n_block, min(i, BLOCK_N - 1)), p.n - 1);
+          vb[j] = (p.b_scale && i < BLOCK_N && (!b_uniform || i == 0))
+                      ? load_b_scale(p, c.tile.group, b_row / p.b_block_n, kb_scale)
+                      : 1.0f;
+        }
+      };
+      auto store = [&](int stage, int sub, const float(&va)[kVa], const float(&vb)[kVb]) {
+        float* sa = stage_scales_a(stage, sub);
+        float* sb = stage_scales_b(stage, sub);
+#pragma unroll
+        for (int j = 0; j < kVa; ++j) sa[lane + 32 * j] = va[j];
+#pragma unroll
+        for (int j = 0; j < kVb; ++j)
+          if (lane + 32 * j < BLOCK_N) sb[lane + 32 * j] = vb[j];
+      };
+      Cursor c{tile_begin, TileInfo{}, 0, 0, false};
+      seek_tile(c);
+      step(c, loader);
+      float va[kVa], vb[kVb];
+      if (kPipelined && c.valid) load(c, 0, va, vb);
+      while (c.valid) {
+        Cursor next = c;
+        step(next, kLoaders);
+        float va_next[kVa], vb_next[kVb];
+        if (kPipelined && next.valid) load(next, 0, va_next, vb_next);  // in flight across this stage's wait
+        const int stage = c.iter % kNumStages;
+        ptx::mbar_wait(&empty[stage], ((c.iter / kNumStages) & 1) ^ 1);
+        if constexpr (kPipelined) {
+          store(stage, 0, va, vb);
+        } else {
 #pragma unroll 1
           for (int sub = 0; sub < kSubs; ++sub) {
-            const int k_global = kb * kGemmBlockK + sub * kPromoteK;
-            float* sa = stage_scales_a(stage, sub);
-            float* sb = stage_scales_b(stage, sub);
-            const int g = min(k_global / p.a_group, p.a_scale_cols - 1);
-            const int kb_scale = min(k_global / p.b_block_k, p.b_scale_cols - 1);
-            float va[BLOCK_M / 32], vb[(BLOCK_N + 31) / 32];
-            // Issue every load of the slice before the first store.
-#pragma unroll
-            for (int j = 0; j < BLOCK_M / 32; ++j) {
-              const int row = min(tile.m_row0 + lane + 32 * j, p.m - 1);
-              va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < (BLOCK_N + 31) / 32; ++j) {
-              const int i = lane + 32 * j;
-              const int b_row = min(tile_b_row<BLOCK_N>(p, tile.n_block, min(i, BLOCK_N - 1)), p.n - 1);
-              vb[j] = (p.b_scale && i < BLOCK_N && (!b_uniform || i == 0))
-                          ? load_b_scale(p, tile.group, b_row / p.b_block_n, kb_scale)
-                          : 1.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < BLOCK_M / 32; ++j) sa[lane + 32 * j] = va[j];
-#pragma unroll
-            for (int j = 0; j < (BLOCK_N + 31) / 32; ++j)
-              if (lane + 32 * j < BLOCK_N) sb[lane + 32 * j] = vb[j];
+            load(c, sub, va, vb);  // every load of the slice before the first store
+            store(stage, sub, va, vb);
           }
-          if constexpr (kFp4B) {
-            // Expand the packed E2M1 tile into E4M3, in the 128-byte-swizzled layout wgmma reads: row r's 16-byte
-            // chunk j goes to chunk j ^ (r % 8). Then make the generic-proxy writes visible to wgmma.
-            ptx::mbar_wait(&raw_full[stage], (iter / kNumStages) & 1);
-            const uint8_t* raw = smem_raw_b + stage * Smem::kStageRawB;
-            uint8_t* dst = smem_b + stage * Smem::kStageB;
-#pragma unroll 4
-            for (int item = lane; item < BLOCK_N * 8; item += 32) {
-              const int r = item >> 3, j = item & 7;
-              const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
-              const uint2 lo = e2m1x8_to_e4m3x8(packed.x), hi = e2m1x8_to_e4m3x8(packed.y);
-              *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-            }
-            ptx::fence_proxy_async_shared();
-          }
-          ptx::mbar_arrive(&full[stage]);
         }
+        if constexpr (kFp4B) {
+          // Expand the packed E2M1 tile into E4M3, in the 128-byte-swizzled layout wgmma reads: row r's 16-byte
+          // chunk j goes to chunk j ^ (r % 8). Then make the generic-proxy writes visible to wgmma.
+          ptx::mbar_wait(&raw_full[stage], (c.iter / kNumStages) & 1);
+          const uint8_t* raw = smem_raw_b + stage * Smem::kStageRawB;
+          uint8_t* dst = smem_b + stage * Smem::kStageB;
+#pragma unroll 4
+          for (int item = lane; item < BLOCK_N * 8; item += 32) {
+            const int r = item >> 3, j = item & 7;
+            const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
+            const uint2 lo = e2m1x8_to_e4m3x8(packed.x), hi = e2m1x8_to_e4m3x8(packed.y);
+            *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+          }
+          ptx::fence_proxy_async_shared();
+        }
+        ptx::mbar_arrive(&full[stage]);
+        if constexpr (kPipelined) {
+#pragma unroll
+          for (int j = 0; j < kVa; ++j) va[j] = va_next[j];
+#pragma unroll
+          for (int j = 0; j < kVb; ++j) vb[j] = vb_next[j];
+        }
+        c = next;
       }
     }
   } else {
@@ -295,8 +375,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     float total[kPromote ? kNumTotal : 1];
     uint32_t iter = 0;
 
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const TileInfo tile = scheduler.tile(t);
+    for (int t = tile_begin; t < num_tiles; t += tile_step) {
+      const TileInfo tile = tile_at(t);
       const int row0 = tile.m_row0 + row_in_tile;
       const int row1 = row0 + 8;
       // Rows past M read a valid row's scale; their results are never stored.
@@ -352,7 +432,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           }
           // Release the stage to the producer: one arrive per warp.
           __syncwarp();
-          if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+          if (lane == 0) release(stage);
         }
       } else {
         // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.
@@ -373,7 +453,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           ptx::fence_operands(acc);
           if (prev_stage >= 0) {
             __syncwarp();
-            if (lane == 0) ptx::mbar_arrive(&empty[prev_stage]);
+            if (lane == 0) release(prev_stage);
           }
           prev_stage = stage;
         }
@@ -381,7 +461,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         ptx::fence_operands(acc);
         if (prev_stage >= 0) {
           __syncwarp();
-          if (lane == 0) ptx::mbar_arrive(&empty[prev_stage]);
+          if (lane == 0) release(prev_stage);
         }
       }
 
@@ -526,6 +606,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         epilogue(acc);
       }
     }
+  }
+  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  if constexpr (kCluster > 1) {
+    __syncwarp();
+    ptx::cluster_sync();
   }
 #else
   if (threadIdx.x == 0) printf("finegemm: sm90_fp8_gemm_kernel needs an sm_90a GPU\n");

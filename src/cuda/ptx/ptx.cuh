@@ -44,6 +44,26 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
   cp::cp_async_bulk_tensor(cp::space_cluster, cp::space_global, dst, map, coords, bar);
 }
 
+// ---- clusters (2-CTA clusters sharing B tiles through TMA multicast)
+__device__ __forceinline__ uint32_t cluster_ctarank() { return cp::get_sreg_cluster_ctarank(); }
+// Every thread of every CTA of the cluster: arrive (release), then wait (acquire).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrive on the barrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// TMA 2-D load written to the same offset in every CTA of cta_mask, completing bytes on each one's barrier there.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                                      uint16_t cta_mask) {
+  const int32_t coords[2] = {c0, c1};
+  cp::cp_async_bulk_tensor(cp::space_cluster, cp::space_global, dst, map, coords, bar, cta_mask);
+}
+
 // ---- wgmma
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

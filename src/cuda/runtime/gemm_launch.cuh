@@ -60,14 +60,20 @@ inline int num_sms_of_device(int device) {
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B = false>
+// kCluster = 2: clusters of two CTAs sharing B through TMA multicast. The grid is then as many clusters as fit on
+// the device at once (cudaOccupancyMaxActiveClusters: an SM pair must sit in one GPC), never more: the kernel is
+// persistent, and a second wave of clusters would double the time.
+template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B = false,
+          int kCluster = 1>
 inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p, const Scheduler& sched,
                    int grid, cudaStream_t stream) {
-  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B>;
+  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster>;
   constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>::kBytes;
+  constexpr int kThreads = 128 * (BLOCK_M / 64 + 1);
   static_assert(kSmem <= 232448, "shared memory: a tile config exceeds the 227 KB an sm_90 block can have");
   // The shared-memory attribute is per device: set it once on each device this process launches on.
   static std::atomic<uint64_t> devices_set{0};
+  static std::atomic<int> max_clusters[kMaxDevices] = {};
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = 1ull << (device & 63);
@@ -75,7 +81,31 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     devices_set.fetch_or(bit);
   }
-  kernel<<<grid, 128 * (BLOCK_M / 64 + 1), kSmem, stream>>>(tma_a, tma_b, p, sched);
+  if constexpr (kCluster == 1) {
+    kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, p, sched);
+  } else {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    const int slot = device < kMaxDevices ? device : 0;
+    int clusters = max_clusters[slot].load(std::memory_order_relaxed);
+    if (clusters == 0) {
+      config.gridDim = dim3(kCluster * 66);
+      FG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+      if (clusters <= 0) throw Error(ErrorKind::Runtime, "gemm: no cluster of 2 CTAs fits on this device");
+      max_clusters[slot].store(clusters);
+    }
+    config.gridDim = dim3(kCluster * std::max(1, std::min(clusters, grid)));  // grid: the tile pairs here
+    FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, p, sched));
+  }
   FG_CUDA_CHECK(cudaGetLastError());
 }
 

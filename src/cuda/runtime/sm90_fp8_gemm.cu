@@ -44,8 +44,18 @@ float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
 // The compiled dense tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
 template <int kPromoteK>
 void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
-                    const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, cudaStream_t stream) {
+                    const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, const NormalScheduler<256>& s256,
+                    cudaStream_t stream) {
   constexpr auto kStore = Epilogue::Store;
+  using S256 = NormalScheduler<256>;
+  if (c.cluster == 2) {
+    // 2-CTA clusters: the scheduler hands out pairs of 128-row tiles (256 rows); B is multicast.
+    if constexpr (kPromoteK != 32) {
+      if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
+      if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
+    }
+    throw Error("gemm config: no compiled 2-CTA cluster kernel for " + c.describe());
+  }
   if (c.block_m == 64 && c.block_n == 64) return launch_kernel<64, 64, 12, kPromoteK, kStore>(a, b, p, s64, c.grid, stream);
   if (c.block_m == 64 && c.block_n == 128) return launch_kernel<64, 128, 8, kPromoteK, kStore>(a, b, p, s64, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 64) return launch_kernel<128, 64, 8, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
@@ -71,7 +81,7 @@ void dispatch_dense_fp4(const GemmConfig& c, const CUtensorMap& a, const CUtenso
 
 std::string GemmConfig::describe() const {
   return std::to_string(block_m) + "x" + std::to_string(block_n) + " stages=" + std::to_string(stages) +
-         " split_k=" + std::to_string(split_k) + " grid=" + std::to_string(grid);
+         " split_k=" + std::to_string(split_k) + " cluster=" + std::to_string(cluster) + " grid=" + std::to_string(grid);
 }
 
 GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
@@ -114,23 +124,35 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
     const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
     if (tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
   }
+  // 2-CTA clusters (B multicast) for prefill-sized problems with 128-row tiles: B's L2 traffic halves.
+  // FINEGEMM_GEMM_CLUSTER=1 turns them off (for comparisons).
+  const char* cluster_env = std::getenv("FINEGEMM_GEMM_CLUSTER");
+  const bool clusters_allowed = !(cluster_env && *cluster_env == '1');
+  c.cluster = (clusters_allowed && c.block_m == 128 && c.block_n >= 128 && promote_k != 32 && c.split_k == 1 &&
+               static_cast<int64_t>(ceil_div(m, 256)) * ceil_div(n, c.block_n) >= num_sms / 2)
+                  ? 2
+                  : 1;
   if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
-    int bm = 0, bn = 0, split = 0;
-    const int got = std::sscanf(forced, "%dx%d:%d", &bm, &bn, &split);
-    const bool valid = got >= 2 && (bm == 64 || bm == 128) && (bn == 64 || bn == 128 || bn == 192);
+    int bm = 0, bn = 0, split = 0, cluster = 1;
+    const int got = std::sscanf(forced, "%dx%d:%dc%d", &bm, &bn, &split, &cluster);
+    const bool valid = got >= 2 && (bm == 64 || bm == 128) && (bn == 64 || bn == 128 || bn == 192) &&
+                       (cluster == 1 || (cluster == 2 && bm == 128 && bn >= 128 && promote_k != 32));
     if (!valid)
-      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split] with BM in {64, 128}, BN in {64, 128, 192}, got '") +
+      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128}, BN in {64, 128, 192} "
+                              "(c2: 2-CTA clusters, 128x128 or 128x192, no 32-wide promotion), got '") +
                   forced + "'");
     c.block_m = bm;
     c.block_n = bn;
-    if (got == 3) c.split_k = split;
+    c.cluster = cluster;
+    if (got >= 3) c.split_k = split;
   }
   c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : (c.block_n == 128 ? 6 : 5));
   c.split_k = std::max(1, std::min(c.split_k, num_kb));
   c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
   c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
-  const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
-  c.grid = std::min(num_sms, tiles * c.split_k);
+  // With clusters, grid counts tile pairs (the launcher turns it into CTAs).
+  const int tiles = ceil_div(m, c.block_m * c.cluster) * ceil_div(n, c.block_n);
+  c.grid = std::min(num_sms / c.cluster, tiles * c.split_k);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
     std::fprintf(stderr, "finegemm: gemm M=%d N=%d K=%d promote_k=%d -> %s\n", m, n, k, promote_k, c.describe().c_str());
   return c;
@@ -143,7 +165,13 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int promote_k = !promote ? 0 : (p.promote_k % 128 == 0 ? 128 : 32);
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
-  if (p.b_fp4) c.stages = 0;  // set by the FP4 dispatch
+  if (p.b_fp4) {
+    c.stages = 0;  // set by the FP4 dispatch
+    if (c.cluster != 1) {  // no FP4 cluster kernel: plain CTAs
+      c.cluster = 1;
+      c.grid = std::min(num_sms_of_device(device), ceil_div(p.m, c.block_m) * ceil_div(p.n, c.block_n) * c.split_k);
+    }
+  }
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, c.block_m);
   const CUtensorMap tma_b = p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
@@ -161,6 +189,13 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   s128.num_k_blocks = s64.num_k_blocks;
   s128.split_k = s64.split_k;
   s128.k_blocks_per_split = s64.k_blocks_per_split;
+  NormalScheduler<256> s256;
+  s256.m = s64.m;
+  s256.num_m_blocks = ceil_div(p.m, 256);
+  s256.num_n_blocks = s64.num_n_blocks;
+  s256.num_k_blocks = s64.num_k_blocks;
+  s256.split_k = s64.split_k;
+  s256.k_blocks_per_split = s64.k_blocks_per_split;
 
   // A stream-ordered workspace (under graph capture) is freed on the stream whatever happens below.
   struct OwnedWorkspace {
@@ -181,9 +216,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
   if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
-  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, stream);
-  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, stream);
-  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, stream);
+  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s256, stream);
+  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s256, stream);
+  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s256, stream);
   if (p.workspace) {
     const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
     const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));

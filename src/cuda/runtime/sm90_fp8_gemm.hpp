@@ -14,12 +14,13 @@ struct GemmConfig {
   int stages = 6;
   int split_k = 1;
   int k_blocks_per_split = 0;
-  int grid = 0;
+  int grid = 0;     // CTAs, or CTA pairs when cluster == 2
+  int cluster = 1;  // 2: two CTAs share B tiles through TMA multicast
   std::string describe() const;
 };
 
 // Pure function from the problem to a tile config (FINEGEMM_PRINT_CONFIG=1 prints each choice).
-// FINEGEMM_GEMM_CONFIG="BMxBN[:split]" forces one, for benchmarks and tests.
+// FINEGEMM_GEMM_CONFIG="BMxBN[:split[c2]]" forces one, for benchmarks and tests.
 // promote_k: 0 (no promotion), 32 or 128.
 GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms);
 
