@@ -669,6 +669,10 @@ int main_impl(int argc, char** argv) {
         }
       });
     for (auto& t : threads) t.join();
+    // Each communicator destroyed on its own thread: ncclCommDestroy finalizes, which may wait for the peers.
+    threads.clear();
+    for (int r = 0; r < world; ++r) threads.emplace_back([group = std::move(groups[r])]() mutable { group = EpGroup(); });
+    for (auto& t : threads) t.join();
     int rc = 0;
     for (int r = 0; r < world; ++r) {
       for (const auto& line : logs[r].lines) std::printf("%s\n", line.c_str());
