@@ -14,6 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "core/formats.hpp"
 #include "cuda/kernels/gemm_params.cuh"
 #include "cuda/kernels/quant_activations.cuh"
@@ -27,19 +29,30 @@ inline constexpr int kGemmBlockK = 128;
 
 // kPromoteK: 0 when no scale varies along K (they fold into the epilogue), else the K slice (32, 64 or 128)
 // after which the wgmma result is scaled and added to the FP32 total.
+// FP4 B with kPromoteK = 128 ("fold"): each 1x32 group's power-of-two scale is folded into the expanded E4M3
+// values relative to the largest scale of its 128-wide K block, so the accumulator is promoted once per 128.
+// A K block whose scales spread more than 8 binades (E4M3 holds E2M1·2^-d exactly for d ≤ 8 only) is expanded
+// unfolded and promoted every 32: the loader warp flags each stage.
 template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes = 0, bool kFp4B = false>
 struct GemmSmem {
   static constexpr int kSubs = kPromoteK == 0 ? 0 : kGemmBlockK / kPromoteK;
+  // Promotion slices stored per stage: FP4 keeps four (the unfolded fallback promotes every 32).
+  static constexpr int kScaleSubs = kFp4B ? 4 : kSubs;
+  static constexpr bool kFold = kFp4B && kPromoteK == 128;
   static constexpr int kStageA = BLOCK_M * kGemmBlockK;
   static constexpr int kStageB = BLOCK_N * kGemmBlockK;
-  // Per stage: A scales [kSubs][BLOCK_M] and B scales [kSubs][BLOCK_N], staged by the scale-loader warp.
-  static constexpr int kStageScales = kSubs * (BLOCK_M + BLOCK_N) * 4;
+  // Per stage: A scales [kScaleSubs][BLOCK_M] and B scales [kScaleSubs][BLOCK_N], staged by the scale-loader warps.
+  static constexpr int kStageScales = kScaleSubs * (BLOCK_M + BLOCK_N) * 4;
+  // Fold: a flag per stage, then per loader warp a 9-entry expansion table (E2M1·2^-d, d = 0..8) and the
+  // per-row shifts of the four groups of its current K block.
+  static constexpr int kFoldWarpBytes = 80 + BLOCK_N * 4;
+  static constexpr int kFoldBytes = kFold ? kNumStages * 4 + 3 * kFoldWarpBytes + 8 : 0;
   // FP4 B: the packed tile (64 bytes per row per K block) lands here, and is expanded into the B stage.
   static constexpr int kStageRawB = kFp4B ? BLOCK_N * kGemmBlockK / 2 : 0;
   static constexpr int kBarriers = (kFp4B ? 3 : 2) * kNumStages * 8;
   // +1024: the dynamic base is re-aligned to 1024 B for the 128-byte swizzle.
   static constexpr int kBytes =
-      kNumStages * (kStageA + kStageB + kStageScales + kStageRawB) + kBarriers + kSchedulerBytes + 1024;
+      kNumStages * (kStageA + kStageB + kStageScales + kStageRawB) + kBarriers + kSchedulerBytes + kFoldBytes + 1024;
 };
 
 __device__ __forceinline__ float load_b_scale(const GemmParams& p, int group, int block_row, int k_index) {
@@ -62,9 +75,10 @@ __device__ __forceinline__ int tile_b_row(const GemmParams& p, int n_block, int 
 
 // Eight E2M1 codes (a 32-bit word, element 0 in the low nibble) → eight E4M3 bytes. Exact: every E2M1 value is an
 // E4M3 value. Magnitudes go through a byte permute over an 8-entry table; signs move from bit 3 to bit 7.
-__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t w) {
-  constexpr uint32_t kLo = 0x3C383000u;  // 0, 0.5, 1, 1.5
-  constexpr uint32_t kHi = 0x4C484440u;  // 2, 3, 4, 6
+// `table` (lo, hi): the E4M3 bytes of the eight magnitudes; the default is E2M1 itself, a folded group passes the
+// magnitudes times 2^-d.
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t w, uint32_t kLo = 0x3C383000u /* 0, 0.5, 1, 1.5 */,
+                                                  uint32_t kHi = 0x4C484440u /* 2, 3, 4, 6 */) {
   const uint32_t mag_lo = __byte_perm(kLo, kHi, w & 0x7777u);
   const uint32_t mag_hi = __byte_perm(kLo, kHi, (w >> 16) & 0x7777u);
   auto signs = [](uint32_t s) {  // nibble sign bits 3, 7, 11, 15 → byte sign bits 7, 15, 23, 31
@@ -147,11 +161,12 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   constexpr int kConsumerRegs = kNumConsumers == 2 ? 224 : 240;
   static_assert(kNumConsumers == 1 || 128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * 384,
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
-  static_assert(!kFp4B || kPromoteK == 32, "FP4 B: MX scales (1x32) promote every 32");
+  static_assert(!kFp4B || kPromoteK == 32 || kPromoteK == 128, "FP4 B: promote every 32, or fold (128)");
   static_assert(kCluster == 1 || (kCluster == 2 && !kFp4B), "clusters: 1, or 2 CTAs sharing an E4M3 B tile");
   using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>;
   constexpr int kSubs = Smem::kSubs;
-  constexpr int kStepsPerSub = kPromote ? kPromoteK / 32 : kGemmBlockK / 32;
+  constexpr int kScaleSubs = Smem::kScaleSubs;
+  constexpr bool kFold = Smem::kFold;
   using Mma = ptx::WgmmaFp8<WGMMA_N>;
 
   extern __shared__ uint8_t smem_raw[];
@@ -164,10 +179,16 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   uint64_t* empty = full + kNumStages;
   uint64_t* raw_full = empty + kNumStages;  // FP4 B: the packed tile has landed (kFp4B only)
   void* smem_scheduler = empty + (kFp4B ? 2 : 1) * kNumStages;
-  auto stage_scales_a = [&](int stage, int sub) { return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + sub * BLOCK_M; };
-  auto stage_scales_b = [&](int stage, int sub) {
-    return smem_scales + stage * (kSubs * (BLOCK_M + BLOCK_N)) + kSubs * BLOCK_M + sub * BLOCK_N;
+  auto stage_scales_a = [&](int stage, int sub) {
+    return smem_scales + stage * (kScaleSubs * (BLOCK_M + BLOCK_N)) + sub * BLOCK_M;
   };
+  auto stage_scales_b = [&](int stage, int sub) {
+    return smem_scales + stage * (kScaleSubs * (BLOCK_M + BLOCK_N)) + kScaleSubs * BLOCK_M + sub * BLOCK_N;
+  };
+  // Fold: per-stage flags (1: folded, promote once) and the loader warps' tables and shifts.
+  uint8_t* fold_area = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_scheduler) + Scheduler::kSmemBytes + 7) & ~uintptr_t(7));
+  int* fold_flags = reinterpret_cast<int*>(fold_area);
 
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
@@ -259,7 +280,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       constexpr int kLoaders = 3;
       constexpr int kVa = BLOCK_M / 32, kVb = (BLOCK_N + 31) / 32;
       // Two sets in flight when a stage has one promotion slice; FP4 / 1x32 recipes (four slices) keep one.
-      constexpr bool kPipelined = kSubs == 1;
+      constexpr bool kPipelined = kSubs == 1 && !kFp4B;
       const int loader = warp - 1;
       struct Cursor {
         int t;
@@ -315,6 +336,22 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         for (int j = 0; j < kVb; ++j)
           if (lane + 32 * j < BLOCK_N) sb[lane + 32 * j] = vb[j];
       };
+      // Fold: this warp's expansion table (entry d: the eight E2M1 magnitudes times 2^-d, as E4M3) and shifts.
+      uint2* fold_table = reinterpret_cast<uint2*>(fold_area + kNumStages * 4 + loader * Smem::kFoldWarpBytes);
+      uint32_t* fold_shift = reinterpret_cast<uint32_t*>(fold_area + kNumStages * 4 + loader * Smem::kFoldWarpBytes + 80);
+      if constexpr (kFold) {
+        if (lane < 9) {
+          constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+          uint32_t lo = 0, hi = 0;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            lo |= static_cast<uint32_t>(fmt::e4m3_from_float(ldexpf(kMag[q], -lane))) << (8 * q);
+            hi |= static_cast<uint32_t>(fmt::e4m3_from_float(ldexpf(kMag[q + 4], -lane))) << (8 * q);
+          }
+          fold_table[lane] = make_uint2(lo, hi);
+        }
+        __syncwarp();
+      }
       Cursor c{tile_begin, TileInfo{}, 0, 0, false};
       seek_tile(c);
       step(c, loader);
@@ -329,6 +366,58 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         ptx::mbar_wait(&empty[stage], ((c.iter / kNumStages) & 1) ^ 1);
         if constexpr (kPipelined) {
           store(stage, 0, va, vb);
+        } else if constexpr (kFold) {
+          // A: one scale per row over the K block (the fold kernel runs only when A's groups are ≥ 128 wide).
+          const int k0 = c.kb * kGemmBlockK;
+          const int g = p.a_scale ? min(k0 / p.a_group, p.a_scale_cols - 1) : 0;
+#pragma unroll
+          for (int j = 0; j < kVa; ++j) {
+            const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
+            va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
+          }
+          // B: the four UE8M0 exponents of each row's K block; fold when every row spreads ≤ 8.
+          bool ok = true;
+          for (int i = lane; i < BLOCK_N; i += 32) {
+            const int b_row = min(tile_b_row<BLOCK_N>(p, c.tile.n_block, i), p.n - 1);
+            const uint8_t* e = static_cast<const uint8_t*>(p.b_scale) + c.tile.group * p.b_scale_group_stride +
+                               static_cast<int64_t>(b_row / p.b_block_n) * p.b_scale_stride_n;
+            uint32_t word = 0;
+            int emax = 0, emin = 255;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int v = e[min(k0 / 32 + q, p.b_scale_cols - 1)];
+              word |= static_cast<uint32_t>(v) << (8 * q);
+              emax = max(emax, v);
+              emin = min(emin, v);
+            }
+            ok = ok && emax - emin <= 8;
+            fold_shift[i] = word;
+          }
+          const bool fold = __all_sync(0xFFFFFFFFu, ok);
+#pragma unroll 1
+          for (int q = 0; q < (fold ? 1 : 4); ++q) {
+            float* sa = stage_scales_a(stage, q);
+#pragma unroll
+            for (int j = 0; j < kVa; ++j) sa[lane + 32 * j] = va[j];
+          }
+          for (int i = lane; i < BLOCK_N; i += 32) {
+            const uint32_t word = fold_shift[i];  // written by this lane above
+            const int e0 = word & 0xFF, e1 = (word >> 8) & 0xFF, e2 = (word >> 16) & 0xFF, e3 = word >> 24;
+            if (fold) {
+              const int emax = max(max(e0, e1), max(e2, e3));
+              stage_scales_b(stage, 0)[i] = fmt::ue8m0_to_float(static_cast<uint8_t>(emax));
+              fold_shift[i] = static_cast<uint32_t>(emax - e0) | (static_cast<uint32_t>(emax - e1) << 8) |
+                              (static_cast<uint32_t>(emax - e2) << 16) | (static_cast<uint32_t>(emax - e3) << 24);
+            } else {
+              stage_scales_b(stage, 0)[i] = fmt::ue8m0_to_float(static_cast<uint8_t>(e0));
+              stage_scales_b(stage, 1)[i] = fmt::ue8m0_to_float(static_cast<uint8_t>(e1));
+              stage_scales_b(stage, 2)[i] = fmt::ue8m0_to_float(static_cast<uint8_t>(e2));
+              stage_scales_b(stage, 3)[i] = fmt::ue8m0_to_float(static_cast<uint8_t>(e3));
+              fold_shift[i] = 0;
+            }
+          }
+          if (lane == 0) fold_flags[stage] = fold ? 1 : 0;
+          __syncwarp();
         } else {
 #pragma unroll 1
           for (int sub = 0; sub < kSubs; ++sub) {
@@ -346,10 +435,13 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           for (int item = lane; item < BLOCK_N * 8; item += 32) {
             const int r = item >> 3, j = item & 7;
             const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
-            const uint2 lo = e2m1x8_to_e4m3x8(packed.x), hi = e2m1x8_to_e4m3x8(packed.y);
+            uint2 table = make_uint2(0x3C383000u, 0x4C484440u);
+            if constexpr (kFold) table = fold_table[(fold_shift[r] >> (8 * (j >> 1))) & 0xFF];  // 16-byte chunk j: group j/2
+            const uint2 lo = e2m1x8_to_e4m3x8(packed.x, table.x, table.y), hi = e2m1x8_to_e4m3x8(packed.y, table.x, table.y);
             *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
           }
           ptx::fence_proxy_async_shared();
+          if constexpr (kFold) __syncwarp();  // every lane has read this stage's shifts before they are rewritten
         }
         ptx::mbar_arrive(&full[stage]);
         if constexpr (kPipelined) {
@@ -395,40 +487,51 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
           const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
           const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
+          // kSlices promotion slices of this K block, kSlices wgmma k-steps each... (4 / kSlices k32 steps each).
+          auto mma_promote = [&](auto slices) {
+            constexpr int kSlices = decltype(slices)::value;
+            constexpr int kSteps = kGemmBlockK / 32 / kSlices;
 #pragma unroll
-          for (int sub = 0; sub < kSubs; ++sub) {
+            for (int sub = 0; sub < kSlices; ++sub) {
 #pragma unroll
-            for (int ch = 0; ch < kNChunks; ++ch) {
-              ptx::fence_operands(acc);
-              ptx::wgmma_fence();
+              for (int ch = 0; ch < kNChunks; ++ch) {
+                ptx::fence_operands(acc);
+                ptx::wgmma_fence();
 #pragma unroll
-              for (int s = 0; s < kStepsPerSub; ++s) {
-                const uint64_t advance = static_cast<uint64_t>((sub * kPromoteK + s * 32) >> 4);
-                const uint64_t chunk_offset = static_cast<uint64_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
-                Mma::mma(desc_a + advance, desc_b + chunk_offset + advance, acc, s > 0);
-              }
-              ptx::wgmma_commit();
-              // Scales of this slice (from shared memory) while the wgmma runs.
-              const float* sa = stage_scales_a(stage, sub);
-              const float* sb = stage_scales_b(stage, sub);
-              const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
-              const float sb_uniform = sb[0];
-              ptx::wgmma_wait<0>();
-              ptx::fence_operands(acc);
-              // Promote: total += acc · sa · sb.
+                for (int s = 0; s < kSteps; ++s) {
+                  const uint64_t advance = static_cast<uint64_t>((sub * kSteps * 32 + s * 32) >> 4);
+                  const uint64_t chunk_offset = static_cast<uint64_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
+                  Mma::mma(desc_a + advance, desc_b + chunk_offset + advance, acc, s > 0);
+                }
+                ptx::wgmma_commit();
+                // Scales of this slice (from shared memory) while the wgmma runs.
+                const float* sa = stage_scales_a(stage, sub);
+                const float* sb = stage_scales_b(stage, sub);
+                const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
+                const float sb_uniform = sb[0];
+                ptx::wgmma_wait<0>();
+                ptx::fence_operands(acc);
+                // Promote: total += acc · sa · sb.
 #pragma unroll
-              for (int c = 0; c < WGMMA_N / 8; ++c) {
-                const int col = ch * WGMMA_N + c * 8;
-                // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
-                const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
-                const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
-                float* tot = total + ch * kNumAcc + c * 4;
-                tot[0] = fmaf(acc[c * 4 + 0], sa0 * sbc, tot[0]);
-                tot[1] = fmaf(acc[c * 4 + 1], sa0 * sbd, tot[1]);
-                tot[2] = fmaf(acc[c * 4 + 2], sa1 * sbc, tot[2]);
-                tot[3] = fmaf(acc[c * 4 + 3], sa1 * sbd, tot[3]);
+                for (int c = 0; c < WGMMA_N / 8; ++c) {
+                  const int col = ch * WGMMA_N + c * 8;
+                  // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
+                  const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
+                  const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
+                  float* tot = total + ch * kNumAcc + c * 4;
+                  tot[0] = fmaf(acc[c * 4 + 0], sa0 * sbc, tot[0]);
+                  tot[1] = fmaf(acc[c * 4 + 1], sa0 * sbd, tot[1]);
+                  tot[2] = fmaf(acc[c * 4 + 2], sa1 * sbc, tot[2]);
+                  tot[3] = fmaf(acc[c * 4 + 3], sa1 * sbd, tot[3]);
+                }
               }
             }
+          };
+          if constexpr (kFold) {
+            if (fold_flags[stage]) mma_promote(std::integral_constant<int, 1>{});
+            else mma_promote(std::integral_constant<int, 4>{});
+          } else {
+            mma_promote(std::integral_constant<int, kSubs>{});
           }
           // Release the stage to the producer: one arrive per warp.
           __syncwarp();

@@ -46,6 +46,15 @@ inline CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int6
   return map;
 }
 
+// FP4 B with byte UE8M0 1x32 scales and A constant over each 128 of K: the fold kernels (GemmSmem), which promote
+// once per 128 where a K block's scales spread ≤ 8 binades. FINEGEMM_FP4_FOLD=0 turns them off (comparisons).
+inline bool fp4_fold(const GemmParams& p) {
+  const char* env = std::getenv("FINEGEMM_FP4_FOLD");
+  if (env && *env == '0') return false;
+  return p.b_fp4 && p.b_scale_fmt == ScaleFmt::UE8M0 && p.b_block_k == 32 && p.b_block_n == 1 &&
+         (p.a_scale == nullptr || p.a_group % 128 == 0);
+}
+
 inline constexpr int kMaxDevices = 64;
 
 inline int num_sms_of_device(int device) {

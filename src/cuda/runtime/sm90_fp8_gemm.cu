@@ -70,6 +70,13 @@ void dispatch_dense_fp4(const GemmConfig& c, const CUtensorMap& a, const CUtenso
   constexpr auto kStore = Epilogue::Store;
   using S64 = NormalScheduler<64>;
   using S128 = NormalScheduler<128>;
+  if (fp4_fold(p)) {
+    if (c.block_m == 64 && c.block_n == 64) return launch_kernel<64, 64, 9, 128, kStore, S64, true>(a, b, p, s64, c.grid, stream);
+    if (c.block_m == 64 && c.block_n == 128) return launch_kernel<64, 128, 6, 128, kStore, S64, true>(a, b, p, s64, c.grid, stream);
+    if (c.block_m == 128 && c.block_n == 64) return launch_kernel<128, 64, 7, 128, kStore, S128, true>(a, b, p, s128, c.grid, stream);
+    if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 5, 128, kStore, S128, true>(a, b, p, s128, c.grid, stream);
+    throw Error("gemm config: no compiled FP4 kernel for " + c.describe());
+  }
   if (c.block_m == 64 && c.block_n == 64) return launch_kernel<64, 64, 9, 32, kStore, S64, true>(a, b, p, s64, c.grid, stream);
   if (c.block_m == 64 && c.block_n == 128) return launch_kernel<64, 128, 6, 32, kStore, S64, true>(a, b, p, s64, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 64) return launch_kernel<128, 64, 7, 32, kStore, S128, true>(a, b, p, s128, c.grid, stream);

@@ -21,6 +21,8 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   if (p.b_fp4) {
     // FP4 experts: 32-wide promotion, fewer stages (the packed staging buffer shares the shared memory).
     constexpr int kFp4Stages = BLOCK_N == 256 ? 3 : (BLOCK_M == 128 ? 4 : 6);
+    if (fp4_fold(p))  // one promotion per 128 where the K block's scales allow it
+      return launch_kernel<BLOCK_M, BLOCK_N, kFp4Stages, 128, kEpilogue, decltype(sched), true>(a, b, p, sched, grid, stream);
     return launch_kernel<BLOCK_M, BLOCK_N, kFp4Stages, 32, kEpilogue, decltype(sched), true>(a, b, p, sched, grid, stream);
   }
   if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
