@@ -45,8 +45,11 @@ struct GemmSmem {
   static constexpr int kStageScales = kScaleSubs * (BLOCK_M + BLOCK_N) * 4;
   // Fold: a flag per stage, then per loader warp a 9-entry expansion table (E2M1·2^-d, d = 0..8) and the
   // per-row shifts of the four groups of its current K block.
+  // NOTE: the flags take a multiple of 16 bytes: the tables after them are read as 8-byte words (a 20-byte flag
+  // area faulted with "misaligned address" on the H200).
+  static constexpr int kFoldFlagBytes = (kNumStages * 4 + 15) / 16 * 16;
   static constexpr int kFoldWarpBytes = 80 + BLOCK_N * 4;
-  static constexpr int kFoldBytes = kFold ? kNumStages * 4 + 3 * kFoldWarpBytes + 8 : 0;
+  static constexpr int kFoldBytes = kFold ? kFoldFlagBytes + 3 * kFoldWarpBytes + 16 : 0;
   // FP4 B: the packed tile (64 bytes per row per K block) lands here, and is expanded into the B stage.
   static constexpr int kStageRawB = kFp4B ? BLOCK_N * kGemmBlockK / 2 : 0;
   static constexpr int kBarriers = (kFp4B ? 3 : 2) * kNumStages * 8;
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   };
   // Fold: per-stage flags (1: folded, promote once) and the loader warps' tables and shifts.
   uint8_t* fold_area = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_scheduler) + Scheduler::kSmemBytes + 7) & ~uintptr_t(7));
+      (reinterpret_cast<uintptr_t>(smem_scheduler) + Scheduler::kSmemBytes + 15) & ~uintptr_t(15));
   int* fold_flags = reinterpret_cast<int*>(fold_area);
 
   const int warpgroup = threadIdx.x / 128;
@@ -337,8 +340,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           if (lane + 32 * j < BLOCK_N) sb[lane + 32 * j] = vb[j];
       };
       // Fold: this warp's expansion table (entry d: the eight E2M1 magnitudes times 2^-d, as E4M3) and shifts.
-      uint2* fold_table = reinterpret_cast<uint2*>(fold_area + kNumStages * 4 + loader * Smem::kFoldWarpBytes);
-      uint32_t* fold_shift = reinterpret_cast<uint32_t*>(fold_area + kNumStages * 4 + loader * Smem::kFoldWarpBytes + 80);
+      uint2* fold_table = reinterpret_cast<uint2*>(fold_area + Smem::kFoldFlagBytes + loader * Smem::kFoldWarpBytes);
+      uint32_t* fold_shift = reinterpret_cast<uint32_t*>(fold_area + Smem::kFoldFlagBytes + loader * Smem::kFoldWarpBytes + 80);
       if constexpr (kFold) {
         if (lane < 9) {
           constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};

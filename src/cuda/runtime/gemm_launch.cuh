@@ -113,6 +113,9 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
       max_clusters[slot].store(clusters);
     }
     config.gridDim = dim3(kCluster * std::max(1, std::min(clusters, grid)));  // grid: the tile pairs here
+    if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
+      std::fprintf(stderr, "finegemm: cluster launch: %d clusters of %d fit at once, %d launched\n", clusters, kCluster,
+                   static_cast<int>(config.gridDim.x) / kCluster);
     FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, p, sched));
   }
   FG_CUDA_CHECK(cudaGetLastError());

@@ -131,10 +131,10 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
     const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
     if (tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
   }
-  // 2-CTA clusters (B multicast) for prefill-sized problems with 128-row tiles: B's L2 traffic halves.
-  // FINEGEMM_GEMM_CLUSTER=1 turns them off (for comparisons).
+  // 2-CTA clusters (B multicast) halve B's L2 traffic, but measured slower on the H200 (M=4096, N=7168, K=16384:
+  // 428 TFLOP/s with them, 712 without; gpu-check bench-cluster): off unless FINEGEMM_GEMM_CLUSTER=2.
   const char* cluster_env = std::getenv("FINEGEMM_GEMM_CLUSTER");
-  const bool clusters_allowed = !(cluster_env && *cluster_env == '1');
+  const bool clusters_allowed = cluster_env && *cluster_env == '2';
   c.cluster = (clusters_allowed && c.block_m == 128 && c.block_n >= 128 && promote_k != 32 && c.split_k == 1 &&
                static_cast<int64_t>(ceil_div(m, 256)) * ceil_div(n, c.block_n) >= num_sms / 2)
                   ? 2
