@@ -88,8 +88,11 @@ def test_ops_pass_opcheck():
     w_q, w_scale = quantized(0.05 * torch.randn(128, 256), recipe.weight)
     args = (x, w_q, w_scale, None, None, fgt.encode_weight_recipe(recipe.weight),
             fgt.encode_activation_recipe(recipe.activation), torch.bfloat16)
+    # NOTE: no "test_schema" for linear: torch 2.11's SchemaCheckMode multiplies the inputs to detect mutation, and
+    # "mul_cpu_reduced_float" is not implemented for Float8_e4m3fn (the weight), so it fails inside torch (seen on the
+    # H200 machine). quantize_activations below (bf16 input) still runs it.
     torch.library.opcheck(torch.ops.finegemm.linear.default, args,
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+                          test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
     torch.library.opcheck(torch.ops.finegemm.quantize_activations.default,
                           (x, fgt.encode_activation_recipe(recipe.activation), None),
                           test_utils=("test_schema", "test_faketensor"))

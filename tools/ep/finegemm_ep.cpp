@@ -7,7 +7,7 @@
 // --check: for a grid of cases (recipes × routings × tokens per rank), every rank builds the same global layer from a
 // shared seed, runs moe_experts on one GPU over all ranks' tokens and all experts (the reference), runs
 // moe_experts_ep on its own tokens and experts, and compares its rows: bit for bit with F32 on the wire (chunks 1 and
-// 2), within 3e-3 with BF16. A few rows are also compared with the CPU reference. One line per case, PASS or FAIL;
+// 2), within 5e-3 with BF16 (two bf16 roundings). A few rows are also compared with the CPU reference. One line per case, PASS or FAIL;
 // exit status 1 on any FAIL.
 // --bench: the DeepSeek-V3 layer at T = 16 and 4096 tokens per rank: EP layer time split into its phases, and the
 // single-GPU layer on the same T; prints a table and one JSON line per measurement.
@@ -363,7 +363,9 @@ int check_case(const Case& c, uint64_t seed, EpGroup& group, Log& log) {
   std::string cpu_note = "cpu-ref skipped";
   bool cpu_ok = true;
   if (!c.big && tokens > 0) {
-    const int64_t rows = std::min<int64_t>(tokens, 8);
+    // NOTE: 8 rows gave rel 1.0-1.3e-2 at times (one E4M3 or power-of-two scale flip of the intermediate moves a
+    // whole group, and few rows do not average it out; the EP output itself was bit-identical to one GPU): 64 rows.
+    const int64_t rows = std::min<int64_t>(tokens, 64);
     HostTensor cpu_out(DType::BF16, {rows, hidden});
     tools::poison(cpu_out.view);
     MoeArgs host = layer.args(TensorView{});
@@ -374,7 +376,7 @@ int check_case(const Case& c, uint64_t seed, EpGroup& group, Log& log) {
     moe_experts(host, {Backend::Reference});
     const auto cmp = tools::compare(ref, cpu_out.view, rows);
     // NOTE: one E4M3 rounding flip of the intermediate moves a one-token output by ~1% (test_cuda_moe.cpp).
-    const double tol = rows >= 4 ? 1e-2 : 3e-2;
+    const double tol = rows >= 32 ? 1e-2 : 3e-2;
     cpu_ok = cmp.ok(tol);
     cpu_note = "cpu-ref rel=" + tools::format_sci(cmp.rel) + (cpu_ok ? "" : " (FAIL > " + tools::format_sci(tol) + ")");
   }
@@ -417,7 +419,9 @@ int check_case(const Case& c, uint64_t seed, EpGroup& group, Log& log) {
       const auto* b = static_cast<const uint16_t*>(ref.data);
       for (int64_t i = 0; i < tokens * hidden; ++i) differ += a[i] != b[i];
       verdict = "rel=" + tools::format_sci(cmp.rel) + (differ == 0 ? " bits=identical" : " bits: " + std::to_string(differ) + " of " + std::to_string(tokens * hidden) + " differ");
-      pass = exact_wanted ? differ == 0 : cmp.ok(3e-3);
+      // BF16 wire: y is rounded to bf16 once on the wire and once more at the output (one GPU rounds only at the
+      // output): two roundings, measured 2.6-3.1e-3 on the H200; 5e-3 bounds them (RECIPES.md's MoE bar is 1e-2).
+      pass = exact_wanted ? differ == 0 : cmp.ok(5e-3);
     }
     if (!pass || !cpu_ok) ++failures;
     log.print(std::string(pass && cpu_ok ? "PASS " : "FAIL ") + c.name() + " wire=" + (run.wire == DType::F32 ? "f32" : "bf16") +
