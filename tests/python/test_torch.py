@@ -126,7 +126,9 @@ def test_moe_op_every_recipe(device, recipe):
     finegemm.moe_experts(*[t.cpu() for t in tensors], weight_recipe=recipe.weight,
                          activation_recipe=recipe.activation, out=ref, backend=Backend.Reference,
                          **{k: v.cpu() for k, v in kwargs.items()})
-    assert y.dtype == torch.bfloat16 and rel(y, ref) <= 3e-3
+    # Issue 4's bar for the whole block: 1e-2 (one E4M3 flip of the requantized intermediate moves a 5-token output
+    # by up to ~8e-3; measured 3.1e-3..8.3e-3 on the H200).
+    assert y.dtype == torch.bfloat16 and rel(y, ref) <= (1e-2 if device == "cuda" else 3e-3)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -113,4 +113,5 @@ def test_fp8_experts_run_through_finegemm(scheme):
     ref = torch.empty(tokens, hidden)
     finegemm.moe_experts(x.float(), index, weights, gu_q, gu_s, dn_q, dn_s, weight_recipe=recipe,
                          activation_recipe=activation, out=ref, backend=Backend.Reference, **extra)
-    assert y.dtype == torch.bfloat16 and rel(y, ref) <= 3e-3
+    # The MoE block's bar (issue 4): 1e-2 against the reference with the same intermediate quantization.
+    assert y.dtype == torch.bfloat16 and rel(y, ref) <= 1e-2

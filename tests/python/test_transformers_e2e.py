@@ -42,6 +42,7 @@ pytestmark = pytest.mark.skipif(
 FP8_MAX = 448.0
 LOGITS_BAR = 5e-2  # issue 6: logits rel vs the dequantized bf16 reference
 LAYER_BAR = 3e-3  # RECIPES.md: FP8 x FP8 with bf16 output vs the reference on the same quantized tensors
+EXPERTS_BAR = 1e-2  # issue 4: the MoE block vs the reference with the same intermediate quantization
 BLOCK = (128, 128)
 EVAL_SHAPE = (2, 128)  # [batch, sequence] of the checked forward
 TIMING_SHAPES = {"decode_8x1": (8, 1), "prefill_4x256": (4, 256)}
@@ -475,11 +476,18 @@ def test_tiny_qwen3_moe_through_finegemm(checkpoint, scheme, tmp_path, monkeypat
     )
 
     references = {}
+    references_skipped = {}
     if scheme == "dynamic":
         # Saved before finegemm touches the layout (prepare() restacks gate/up in place).
         model.save_pretrained(tmp_path / "fp8")
-        references["dequantize=True"] = load(tmp_path / "fp8", dequantize=True)
-        assert not fp8_linears(references["dequantize=True"]), "dequantize=True left FP8 layers"
+        try:
+            references["dequantize=True"] = load(tmp_path / "fp8", dequantize=True)
+            assert not fp8_linears(references["dequantize=True"]), "dequantize=True left FP8 layers"
+        except RuntimeError as e:
+            # NOTE: transformers 5.17 on the H200 machine could not reload its own FP8 experts with dequantize=True
+            # ("shape '[256, 128]' is invalid for input of size 65536" in Fp8Dequantize): the hand-dequantized
+            # reference below stands in, and the JSON says why.
+            references_skipped["dequantize=True"] = str(e).splitlines()[0][:200]
 
     fgtf.enable(model)
     if getattr(model.config, "_experts_implementation", "finegemm") != "finegemm":
@@ -531,12 +539,15 @@ def test_tiny_qwen3_moe_through_finegemm(checkpoint, scheme, tmp_path, monkeypat
         "logits_rel_free_routing": {k: round(v, 6) for k, v in free.items()},
         "layer_rel": {k: round(v, 6) for k, v in errors.items()},
         "max_layer_rel": round(errors[worst], 6),
+        "references_skipped": references_skipped,
         "forward": timings(model, references.get("dequantize=True", references["hand"]), vocab),
     }
     write_results(scheme, entry)
     print(json.dumps(entry, indent=2))
 
-    assert errors[worst] <= LAYER_BAR, f"{worst}: rel {errors[worst]:.3e} vs finegemm's CPU reference (seed {seed})"
+    for name, value in errors.items():
+        bar = EXPERTS_BAR if name.endswith("experts") else LAYER_BAR
+        assert value <= bar, f"{name}: rel {value:.3e} vs finegemm's CPU reference (seed {seed}), bar {bar:.0e}"
     for label, value in pinned.items():
         assert value <= LOGITS_BAR, (
             f"logits rel {value:.3e} vs the {label} dequantized reference with pinned routing "
