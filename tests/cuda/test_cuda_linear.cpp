@@ -149,6 +149,35 @@ TEST_F(CudaTest, EveryTileConfig) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// The two-accumulator mainloop (FINEGEMM_GEMM_DOUBLE_ACC=1): the kernels that have it (one 128-wide promotion
+// per stage, 64-wide tiles), the others beside them, with an even and an odd number of K blocks per tile (the sets
+// alternate), split-K, and every block scale format.
+TEST_F(CudaTest, DoubleAccumulatorMainloop) {
+  setenv("FINEGEMM_GEMM_DOUBLE_ACC", "1", 1);
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[5]};  // block128 fp32/ue8m0/x4, static
+  for (const char* config : {"64x64:1", "64x128:1", "128x64:1", "64x64:3", "64x128:2", "128x128:1"}) {
+    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    for (const auto& recipe : kinds) {
+      for (int64_t m : {1, 200}) {
+        for (int64_t k : {1024, 1152, 128}) {  // 8, 9 and 1 K blocks
+          const int64_t n = 400;
+          LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
+          Buffer ref(DType::BF16, {m, n});
+          LinearArgs ref_args = c.args;
+          ref_args.out = ref;
+          linear(ref_args, {Backend::Reference});
+          const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+          EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m << " K=" << k;
+          EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m << " K=" << k;
+        }
+      }
+    }
+  }
+  unsetenv("FINEGEMM_GEMM_CONFIG");
+  unsetenv("FINEGEMM_GEMM_DOUBLE_ACC");
+}
+
 TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
   const auto recipe = all_recipes()[0];  // block 128×128, group 128
   const int64_t m = 77, n = 384, k = 1536;

@@ -468,6 +468,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
     float acc[kNumAcc];
     float total[kPromote ? kNumTotal : 1];
+    // The second accumulator set (p.double_acc): one 128-wide promotion per stage, one wgmma chunk, and registers
+    // for three sets: 64-wide tiles (64x64 decode, 128x64).
+    // NOTE: with 64x128 (3 × 64 accumulators) ptxas spilled 108 bytes in every path of the kernel.
+    constexpr bool kDoubleAcc = kPromote && kSubs == 1 && !kFp4B && kNChunks == 1 && kNumAcc * 3 <= 96;
+    float acc2[kDoubleAcc ? kNumAcc : 1];
     uint32_t iter = 0;
 
     for (int t = tile_begin; t < num_tiles; t += tile_step) {
@@ -481,64 +486,138 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       const float rs0 = load_vec(p.row_mode, row_scale, scale_row0);
       const float rs1 = load_vec(p.row_mode, row_scale, scale_row1);
 
+      // Double accumulators: issue K block kb into one set, then promote kb-1 from the other while it runs.
+      // NOTE: the sets alternate in a body unrolled by two, so that every register array is named at compile time.
+      bool double_done = false;
+      (void)double_done;
+      if constexpr (kDoubleAcc) {
+        if (p.double_acc) {
+          double_done = true;
+#pragma unroll
+          for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
+          auto issue = [&](float(&a)[kNumAcc], int stage) {
+            ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
+            const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
+            const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
+            ptx::fence_operands(a);
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < kGemmBlockK / 32; ++s) Mma::mma(desc_a + (s * 32 >> 4), desc_b + (s * 32 >> 4), a, s > 0);
+            ptx::wgmma_commit();
+          };
+          auto promote_release = [&](float(&a)[kNumAcc], int stage) {
+            ptx::fence_operands(a);
+            const float* sa = stage_scales_a(stage, 0);
+            const float* sb = stage_scales_b(stage, 0);
+            const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
+            const float sb_uniform = sb[0];
+#pragma unroll
+            for (int c = 0; c < WGMMA_N / 8; ++c) {
+              const int col = c * 8;
+              const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
+              const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
+              total[c * 4 + 0] = fmaf(a[c * 4 + 0], sa0 * sbc, total[c * 4 + 0]);
+              total[c * 4 + 1] = fmaf(a[c * 4 + 1], sa0 * sbd, total[c * 4 + 1]);
+              total[c * 4 + 2] = fmaf(a[c * 4 + 2], sa1 * sbc, total[c * 4 + 2]);
+              total[c * 4 + 3] = fmaf(a[c * 4 + 3], sa1 * sbd, total[c * 4 + 3]);
+            }
+            __syncwarp();
+            if (lane == 0) release(stage);
+          };
+          int pending = -1;          // stage whose wgmma is in flight, or -1
+          bool pending_in_2 = false;  // ... in acc2 (else in acc)
+          for (int kb = tile.kb_begin; kb < tile.kb_end;) {
+            {  // into acc
+              const int stage = iter % kNumStages;
+              issue(acc, stage);
+              if (pending >= 0) {
+                ptx::wgmma_wait<1>();
+                promote_release(acc2, pending);
+              }
+              pending = stage;
+              pending_in_2 = false;
+              ++kb;
+              ++iter;
+            }
+            if (kb >= tile.kb_end) break;
+            {  // into acc2
+              const int stage = iter % kNumStages;
+              issue(acc2, stage);
+              ptx::wgmma_wait<1>();
+              promote_release(acc, pending);
+              pending = stage;
+              pending_in_2 = true;
+              ++kb;
+              ++iter;
+            }
+          }
+          if (pending >= 0) {
+            ptx::wgmma_wait<0>();
+            if (pending_in_2) promote_release(acc2, pending);
+            else promote_release(acc, pending);
+          }
+        }
+      }
       if constexpr (kPromote) {
+        if (!double_done) {
 #pragma unroll
-        for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
-        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
-          const int stage = iter % kNumStages;
-          // Wait for the stage's TMA loads and scales.
-          ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
-          const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
-          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
-          // kSlices promotion slices of this K block, kSlices wgmma k-steps each... (4 / kSlices k32 steps each).
-          auto mma_promote = [&](auto slices) {
-            constexpr int kSlices = decltype(slices)::value;
-            constexpr int kSteps = kGemmBlockK / 32 / kSlices;
+          for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
+          for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+            const int stage = iter % kNumStages;
+            // Wait for the stage's TMA loads and scales.
+            ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
+            const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
+            const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
+            // kSlices promotion slices of this K block, each of 4 / kSlices wgmma k32 steps.
+            auto mma_promote = [&](auto slices) {
+              constexpr int kSlices = decltype(slices)::value;
+              constexpr int kSteps = kGemmBlockK / 32 / kSlices;
 #pragma unroll
-            for (int sub = 0; sub < kSlices; ++sub) {
+              for (int sub = 0; sub < kSlices; ++sub) {
 #pragma unroll
-              for (int ch = 0; ch < kNChunks; ++ch) {
-                ptx::fence_operands(acc);
-                ptx::wgmma_fence();
+                for (int ch = 0; ch < kNChunks; ++ch) {
+                  ptx::fence_operands(acc);
+                  ptx::wgmma_fence();
 #pragma unroll
-                for (int s = 0; s < kSteps; ++s) {
-                  const uint64_t advance = static_cast<uint64_t>((sub * kSteps * 32 + s * 32) >> 4);
-                  const uint64_t chunk_offset = static_cast<uint64_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
-                  Mma::mma(desc_a + advance, desc_b + chunk_offset + advance, acc, s > 0);
-                }
-                ptx::wgmma_commit();
-                // Scales of this slice (from shared memory) while the wgmma runs.
-                const float* sa = stage_scales_a(stage, sub);
-                const float* sb = stage_scales_b(stage, sub);
-                const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
-                const float sb_uniform = sb[0];
-                ptx::wgmma_wait<0>();
-                ptx::fence_operands(acc);
-                // Promote: total += acc · sa · sb.
+                  for (int s = 0; s < kSteps; ++s) {
+                    const uint64_t advance = static_cast<uint64_t>((sub * kSteps * 32 + s * 32) >> 4);
+                    const uint64_t chunk_offset = static_cast<uint64_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
+                    Mma::mma(desc_a + advance, desc_b + chunk_offset + advance, acc, s > 0);
+                  }
+                  ptx::wgmma_commit();
+                  // Scales of this slice (from shared memory) while the wgmma runs.
+                  const float* sa = stage_scales_a(stage, sub);
+                  const float* sb = stage_scales_b(stage, sub);
+                  const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
+                  const float sb_uniform = sb[0];
+                  ptx::wgmma_wait<0>();
+                  ptx::fence_operands(acc);
+                  // Promote: total += acc · sa · sb.
 #pragma unroll
-                for (int c = 0; c < WGMMA_N / 8; ++c) {
-                  const int col = ch * WGMMA_N + c * 8;
-                  // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
-                  const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
-                  const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
-                  float* tot = total + ch * kNumAcc + c * 4;
-                  tot[0] = fmaf(acc[c * 4 + 0], sa0 * sbc, tot[0]);
-                  tot[1] = fmaf(acc[c * 4 + 1], sa0 * sbd, tot[1]);
-                  tot[2] = fmaf(acc[c * 4 + 2], sa1 * sbc, tot[2]);
-                  tot[3] = fmaf(acc[c * 4 + 3], sa1 * sbd, tot[3]);
+                  for (int c = 0; c < WGMMA_N / 8; ++c) {
+                    const int col = ch * WGMMA_N + c * 8;
+                    // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
+                    const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
+                    const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
+                    float* tot = total + ch * kNumAcc + c * 4;
+                    tot[0] = fmaf(acc[c * 4 + 0], sa0 * sbc, tot[0]);
+                    tot[1] = fmaf(acc[c * 4 + 1], sa0 * sbd, tot[1]);
+                    tot[2] = fmaf(acc[c * 4 + 2], sa1 * sbc, tot[2]);
+                    tot[3] = fmaf(acc[c * 4 + 3], sa1 * sbd, tot[3]);
+                  }
                 }
               }
+            };
+            if constexpr (kFold) {
+              if (fold_flags[stage]) mma_promote(std::integral_constant<int, 1>{});
+              else mma_promote(std::integral_constant<int, 4>{});
+            } else {
+              mma_promote(std::integral_constant<int, kSubs>{});
             }
-          };
-          if constexpr (kFold) {
-            if (fold_flags[stage]) mma_promote(std::integral_constant<int, 1>{});
-            else mma_promote(std::integral_constant<int, 4>{});
-          } else {
-            mma_promote(std::integral_constant<int, kSubs>{});
+            // Release the stage to the producer: one arrive per warp.
+            __syncwarp();
+            if (lane == 0) release(stage);
           }
-          // Release the stage to the producer: one arrive per warp.
-          __syncwarp();
-          if (lane == 0) release(stage);
         }
       } else {
         // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.

@@ -55,6 +55,12 @@ inline bool fp4_fold(const GemmParams& p) {
          (p.a_scale == nullptr || p.a_group % 128 == 0);
 }
 
+// FINEGEMM_GEMM_DOUBLE_ACC=1: the two-accumulator mainloop where a kernel has it (GemmParams::double_acc).
+inline bool double_acc_requested() {
+  const char* env = std::getenv("FINEGEMM_GEMM_DOUBLE_ACC");
+  return env && *env == '1';
+}
+
 inline constexpr int kMaxDevices = 64;
 
 inline int num_sms_of_device(int device) {
