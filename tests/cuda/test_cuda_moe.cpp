@@ -8,6 +8,7 @@
 
 #include "cli_util.hpp"
 #include "core/device_buffer.hpp"
+#include "cuda/runtime/moe.hpp"
 
 namespace finegemm {
 namespace {
@@ -81,6 +82,48 @@ TEST_F(CudaMoe, EveryRecipeMatchesReference) {
       }
     }
   }
+}
+
+// Per-token activations through the GPU path (FINEGEMM_MOE_PER_TOKEN_GPU=1): gate_up stores F32 with the scales
+// and bias applied, one kernel applies the activation, the per-token quantizer takes each row's amax over all of I,
+// and down applies the routing weight. Every activation variant and both gate/up layouts; T = 1, 77, 300.
+TEST_F(CudaMoe, PerTokenActivationsOnTheGpuPath) {
+  setenv("FINEGEMM_MOE_PER_TOKEN_GPU", "1", 1);
+  const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
+                              {MoeActivation::SwiGLU, 7.0f, false, true},
+                              {MoeActivation::SwiGLUOai, 7.0f, true, true},
+                              {MoeActivation::Silu, 0.0f, false, false},
+                              {MoeActivation::Relu2, 0.0f, false, true}};
+  int cases = 0;
+  for (const auto& recipe : all_recipes()) {
+    if (recipe.activation.granularity != ActGranularity::PerToken) continue;
+    for (int64_t tokens : {1, 77, 300}) {
+      for (const auto& v : variants) {
+        MoeProblem problem;
+        problem.tokens = tokens;
+        problem.hidden = 256;
+        problem.inter = tokens == 1 ? 1024 : 256;  // see EveryRecipeMatchesReference
+        problem.experts = 8;
+        problem.top_k = 4;
+        problem.activation = v.act;
+        problem.swiglu_limit = v.limit;
+        problem.interleaved = v.interleaved;
+        problem.bias = v.bias;
+        const auto masters = tools::make_moe_masters(rng(), problem);
+        auto data = tools::make_moe(rng(), recipe, problem, masters);
+        // The GPU kernels serve it (the host fallback would pass the comparison too).
+        HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
+        EXPECT_EQ(cuda::moe_gpu_path_refusal(data.args(probe.view), cuda::moe_per_token_gpu_enabled()), "")
+            << recipe.name;
+        const auto cmp = run_and_compare(data);
+        EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " T=" << tokens << " " << problem.variant() << " rel=" << cmp.rel
+                                  << " non-finite=" << cmp.non_finite;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_GE(cases, 2 * 3 * 5) << "all_recipes() lost its per-token recipes";
+  unsetenv("FINEGEMM_MOE_PER_TOKEN_GPU");
 }
 
 TEST_F(CudaMoe, SkewedRoutingEmptyExpertsAndOneExpertTakesAll) {

@@ -18,6 +18,7 @@
 
 #include "core/formats.hpp"
 #include "cuda/kernels/gemm_params.cuh"
+#include "cuda/kernels/moe_activation.cuh"
 #include "cuda/kernels/quant_activations.cuh"
 #include "cuda/ptx/ptx.cuh"
 #include "cuda/ptx/wgmma_fp8.cuh"
@@ -90,27 +91,11 @@ __device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t w, uint32_t kLo = 0x3
   return make_uint2(mag_lo | signs(w & 0x8888u), mag_hi | signs((w >> 16) & 0x8888u));
 }
 
-__device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + __expf(-v)); }
-
-// The MoE activations (RECIPES.md), in float from the fp32 accumulators.
+// The MoE activations (RECIPES.md), in float from the fp32 accumulators (moe_activation.cuh).
 __device__ __forceinline__ float gated_act(const GemmParams& p, float gate, float up) {
-  if (p.swiglu_limit > 0.0f) {
-    gate = fminf(gate, p.swiglu_limit);
-    up = fminf(fmaxf(up, -p.swiglu_limit), p.swiglu_limit);
-  }
-  if (p.act_kind == 1) return (up + 1.0f) * gate * sigmoidf_(p.swiglu_alpha * gate);
-  return gate * sigmoidf_(gate) * up;
+  return moe_gated_act(p.act_kind, p.swiglu_limit, p.swiglu_alpha, gate, up);
 }
-__device__ __forceinline__ float plain_act(const GemmParams& p, float up) {
-  switch (p.act_kind) {
-    case 2: return up * sigmoidf_(up);
-    case 3: return 0.5f * up * (1.0f + tanhf(0.7978845608028654f * (up + 0.044715f * up * up * up)));
-    default: {
-      const float r = fmaxf(up, 0.0f);
-      return r * r;
-    }
-  }
-}
+__device__ __forceinline__ float plain_act(const GemmParams& p, float up) { return moe_plain_act(p.act_kind, up); }
 
 __device__ __forceinline__ float load_vec(VecMode mode, const float* v, int index) {
   return mode == VecMode::PerIndex ? v[index] : (mode == VecMode::Scalar ? v[0] : 1.0f);

@@ -1,20 +1,29 @@
 // moe_experts on the GPU: route → permute + quantize → grouped gate_up GEMM with the activation and the
 // requantization fused in its epilogue → grouped down GEMM with the routing weight in its epilogue → combine.
 // Every step is stream-ordered with no host synchronisation: the whole block can be captured in one CUDA graph.
+#include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 
 #include "cuda/cuda_backend.hpp"
+#include "cuda/kernels/moe_activation_kernel.cuh"
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/host_fallback.hpp"
 #include "cuda/runtime/moe.hpp"
 #include "cuda/runtime/moe_routing.hpp"
+#include "cuda/runtime/quant_activations.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
 namespace finegemm::cuda {
 
-std::string moe_gpu_path_refusal(const MoeArgs& args) {
+bool moe_per_token_gpu_enabled() {
+  const char* env = std::getenv("FINEGEMM_MOE_PER_TOKEN_GPU");
+  return env && *env == '1';
+}
+
+std::string moe_gpu_path_refusal(const MoeArgs& args, bool allow_per_token) {
   const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
   const int top_k = static_cast<int>(args.top_k_index.shape[1]);
   const int num_experts = static_cast<int>(args.gate_up.shape[0]);
@@ -29,7 +38,7 @@ std::string moe_gpu_path_refusal(const MoeArgs& args) {
   if (fp4 && !(args.weight_recipe.granularity == WeightGranularity::MX && promote_k == 32))
     return "weight_recipe: FP4 experts run on the GPU with MX 1x32 scales and 1x32 (or 1x128) activation groups, got " +
            args.weight_recipe.name() + " with activations " + act.name();
-  if (act.granularity == ActGranularity::PerToken)
+  if (act.granularity == ActGranularity::PerToken && !allow_per_token)
     return "activation_recipe: per-token activation scales are not served by the GPU MoE kernels (the intermediate's "
            "per-row amax spans tiles); use per-token-group or static scales";
   if (num_experts > kMaxGroupedExperts)
@@ -62,6 +71,7 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
   const bool dynamic = !act.is_static();
   const int64_t rows = in.rows;
   if (rows == 0) return;
+  const bool per_token = act.granularity == ActGranularity::PerToken;
 
   GroupedLayout layout;
   layout.offsets = in.expert_offsets;
@@ -69,10 +79,38 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
   layout.expected_rows_per_group = rows / std::max(1, in.num_experts);
 
   // gate_up with the activation and the requantization fused: h [rows, I] E4M3.
-  const int64_t x_scale_cols = dynamic ? hidden / act.group_size : 0;
-  const int64_t h_scale_cols = dynamic ? inter / act.group_size : 0;
-  StreamScratch h_q(rows * inter, stream), h_scale(dynamic ? rows * h_scale_cols * 4 : 16, stream);
-  {
+  const int64_t x_scale_cols = dynamic && !per_token ? hidden / act.group_size : 0;
+  const int64_t h_scale_cols = dynamic && !per_token ? inter / act.group_size : 0;
+  StreamScratch h_q(rows * inter, stream), h_scale(per_token ? rows * 4 : (dynamic ? rows * h_scale_cols * 4 : 16), stream);
+  if (per_token) {
+    // Per-token: one scale per row of I, whose amax spans every column tile. gate_up stores F32 (scales and bias
+    // applied), one kernel applies the activation, and the activation quantizer takes each row's amax.
+    // NOTE: the intermediate reaches memory in F32 on this path only (the group and static recipes fuse it).
+    StreamScratch y_gu(rows * gate_up_rows * 4, stream), h(rows * inter * 4, stream);
+    GemmParams p;
+    p.m = static_cast<int>(rows);
+    p.n = static_cast<int>(gate_up_rows);
+    p.k = static_cast<int>(hidden);
+    p.promote_k = promote_k == 0 ? 128 : promote_k;
+    p.b_fp4 = fp4;
+    set_activation_scales(p, act, in.x_scale, 1, 1, hidden, nullptr);
+    set_weight_scales(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
+    set_bias(p, args.gate_up_bias, gate_up_rows);
+    p.out = y_gu.as<void>();
+    p.out_dtype = OutDType::F32;
+    p.ldo = gate_up_rows;
+    launch_sm90_fp8_grouped_gemm(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], layout, Epilogue::Store,
+                                 p, stream);
+    const MoeGateLayout gate_layout = !gated ? MoeGateLayout::NoGate
+                                             : (args.interleaved_gate_up ? MoeGateLayout::Interleaved : MoeGateLayout::Halves);
+    const int blocks = static_cast<int>(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16));
+    moe_activation_kernel<<<blocks, 256, 0, stream>>>(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout,
+                                                      static_cast<int>(args.activation), args.swiglu_limit,
+                                                      args.swiglu_alpha, in.expert_offsets + in.num_experts, h.as<float>());
+    FG_CUDA_CHECK(cudaGetLastError());
+    launch_quantize_activations(h.as<void>(), DType::F32, rows, inter, act, h_q.as<uint8_t>(), h_scale.as<float>(),
+                                stream);
+  } else {
     GemmParams p;
     p.m = static_cast<int>(rows);
     p.n = static_cast<int>(gate_up_rows);
@@ -122,7 +160,8 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
 void moe_experts(const MoeArgs& args, void* stream_handle) {
   const DeviceGuard guard(args.hidden.device.index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
-  if (!moe_gpu_path_refusal(args).empty()) return moe_on_host(args, stream);
+  // Per-token activations take the GPU path only with FINEGEMM_MOE_PER_TOKEN_GPU=1 until it has run on the H200.
+  if (!moe_gpu_path_refusal(args, moe_per_token_gpu_enabled()).empty()) return moe_on_host(args, stream);
   const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
   const int top_k = static_cast<int>(args.top_k_index.shape[1]);
   const int num_experts = static_cast<int>(args.gate_up.shape[0]);
@@ -146,8 +185,10 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
 
   // 2. Each token row read once, quantized, written to its experts' segments.
   const bool dynamic = !act.is_static();
-  const int64_t x_scale_cols = dynamic ? hidden / act.group_size : 0;
-  StreamScratch x_q(rows * hidden, stream), x_scale(dynamic ? rows * x_scale_cols * 4 : 16, stream);
+  const bool per_token = act.granularity == ActGranularity::PerToken;
+  const int64_t x_scale_cols = dynamic && !per_token ? hidden / act.group_size : 0;
+  StreamScratch x_q(rows * hidden, stream),
+      x_scale(per_token ? rows * 4 : (dynamic ? rows * x_scale_cols * 4 : 16), stream);
   const float* gate_up_act_scale = args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr;
   launch_moe_permute_quantize(args.hidden.data, args.hidden.dtype, num_tokens, hidden, top_k, routing, act,
                               gate_up_act_scale, x_q.as<uint8_t>(), x_scale.as<float>(), stream);

@@ -11,7 +11,11 @@ namespace finegemm::cuda {
 
 // Empty when the sm_90a kernels serve `args` (moe_experts runs them); else why not, naming the argument
 // (moe_experts then runs the block on the host; the EP layer refuses it with this message).
-std::string moe_gpu_path_refusal(const MoeArgs& args);
+// allow_per_token: per-token activations on the GPU (moe_experts, with FINEGEMM_MOE_PER_TOKEN_GPU=1); the EP layer
+// leaves it false.
+std::string moe_gpu_path_refusal(const MoeArgs& args, bool allow_per_token = false);
+// FINEGEMM_MOE_PER_TOKEN_GPU=1: moe_experts runs per-token activations on the GPU (off until measured on the H200).
+bool moe_per_token_gpu_enabled();
 
 // Rows already routed, permuted (expert-major) and quantized: the input of the experts' GEMMs.
 struct PermutedRows {
