@@ -12,12 +12,16 @@ void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& reci
   if (num_vectors == 0) return;
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>((num_vectors + kThreads - 1) / kThreads);
+  constexpr int kVecs = 2;  // vectors per thread in the group kernel
+  const auto group_blocks = static_cast<unsigned>((num_vectors + kThreads * kVecs - 1) / (kThreads * kVecs));
   switch (recipe.granularity) {
     case ActGranularity::PerTokenGroup:
       if (recipe.group_size == 128)
-        quant_per_token_group_kernel<T, 128><<<blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors, recipe.pow2_scale);
+        quant_per_token_group_kernel<T, 128, kVecs><<<group_blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
+                                                                                           recipe.pow2_scale);
       else if (recipe.group_size == 32)
-        quant_per_token_group_kernel<T, 32><<<blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors, recipe.pow2_scale);
+        quant_per_token_group_kernel<T, 32, kVecs><<<group_blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
+                                                                                          recipe.pow2_scale);
       else
         throw Error("activation.group_size: expected 32 or 128, got " + std::to_string(recipe.group_size));
       break;
