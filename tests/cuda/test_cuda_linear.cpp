@@ -174,6 +174,17 @@ TEST_F(CudaTest, DoubleAccumulatorMainloop) {
       }
     }
   }
+  // Bit for bit against the single-accumulator mainloop (the FMA order into the total is the same): K = 8192
+  // (64 K blocks: the stage ring wraps several times) and N = 10240 at M = 1 (160 tiles: some CTAs take two).
+  for (const char* config : {"64x64:1", "128x64:1"}) {
+    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    LinearCase c = make_case(recipes[0], 1, 10240, 8192, DType::BF16, DType::F32, false);
+    setenv("FINEGEMM_GEMM_DOUBLE_ACC", "0", 1);
+    const Buffer single = run_on_gpu(c.args);
+    setenv("FINEGEMM_GEMM_DOUBLE_ACC", "1", 1);
+    const Buffer twin = run_on_gpu(c.args);
+    EXPECT_EQ(0, std::memcmp(single.bytes.data(), twin.bytes.data(), single.bytes.size())) << config;
+  }
   unsetenv("FINEGEMM_GEMM_CONFIG");
   unsetenv("FINEGEMM_GEMM_DOUBLE_ACC");
 }
@@ -198,10 +209,18 @@ TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
 }
 
 TEST_F(CudaTest, QuantizeActivationsBitExact) {
+  struct Shape {
+    int64_t m, k;
+    DType dtype;
+  };
+  // 45x2048: whole blocks of vectors; 3x160 (60 vectors) and 7x384: a last block whose vectors are partly past the
+  // end (the group kernel takes two vectors per thread); F32 and F16 inputs too.
+  for (const Shape shape : {Shape{45, 2048, DType::BF16}, Shape{3, 160, DType::F32}, Shape{7, 384, DType::F16}}) {
   for (const auto& recipe : {ActivationRecipe::per_token_group(128), ActivationRecipe::per_token_group(32, true),
                              ActivationRecipe::per_token(), ActivationRecipe::static_per_tensor()}) {
-    const int64_t m = 45, k = 2048;
-    Buffer x = testing::random_tensor(DType::BF16, {m, k});
+    const int64_t m = shape.m, k = shape.k;
+    if (recipe.granularity == ActGranularity::PerTokenGroup && k % recipe.group_size != 0) continue;
+    Buffer x = testing::random_tensor(shape.dtype, {m, k});
     Buffer q_ref(DType::F8_E4M3, {m, k}), s_ref;
     s_ref = recipe.is_static() ? Buffer(DType::F32, {}) : Buffer(DType::F32, activation_scale_shape(recipe, m, k));
     if (recipe.is_static()) *s_ref.ptr<float>() = 3.0f / 448.0f;
@@ -217,8 +236,9 @@ TEST_F(CudaTest, QuantizeActivationsBitExact) {
     synchronize(kGpu);
     copy_to_host(dq.view, q);
     copy_to_host(ds.view, s);
-    EXPECT_EQ(0, std::memcmp(q.bytes.data(), q_ref.bytes.data(), m * k)) << recipe.name();
-    EXPECT_EQ(0, std::memcmp(s.bytes.data(), s_ref.bytes.data(), s.numel() * 4)) << recipe.name();
+    EXPECT_EQ(0, std::memcmp(q.bytes.data(), q_ref.bytes.data(), m * k)) << recipe.name() << " " << m << "x" << k;
+    EXPECT_EQ(0, std::memcmp(s.bytes.data(), s_ref.bytes.data(), s.numel() * 4)) << recipe.name() << " " << m << "x" << k;
+  }
   }
 }
 

@@ -12,6 +12,7 @@ namespace finegemm::cuda {
 // and scales applied); gate/up columns: halves (i, I + i), interleaved (2i, 2i + 1), or no gate (i).
 // Rows at or past *routed_rows (the device-side count of routed rows) get zeros: their y was never written.
 enum class MoeGateLayout : int { Halves = 0, Interleaved = 1, NoGate = 2 };
+// NOTE: a plain __global__ in a header: included by moe.cu only (a second includer would define it twice).
 __global__ void moe_activation_kernel(const float* __restrict__ y, int64_t ld, int64_t rows, int64_t inter,
                                       MoeGateLayout layout, int act_kind, float limit, float alpha,
                                       const int32_t* __restrict__ routed_rows, float* __restrict__ h) {
