@@ -180,6 +180,35 @@ fg::TensorView in(nb::handle obj, const char* name, Keep& keep) { return to_view
 fg::TensorView in_opt(nb::handle obj, const char* name, Keep& keep) { return to_view<false>(obj, name, keep, true); }
 fg::TensorView out(nb::handle obj, const char* name, Keep& keep) { return to_view<true>(obj, name, keep); }
 
+// The MoeArgs of moe_experts and moe_experts_ep, from the arguments they share (views kept alive by `keep`).
+fg::MoeArgs moe_args(nb::handle hidden, nb::handle top_k_index, nb::handle top_k_weights, nb::handle gate_up,
+                     nb::handle gate_up_scale, nb::handle down, nb::handle down_scale, nb::handle out_array,
+                     const fg::WeightRecipe& weight_recipe, const fg::ActivationRecipe& activation_recipe,
+                     nb::handle gate_up_act_scale, nb::handle down_act_scale, nb::handle gate_up_bias,
+                     nb::handle down_bias, fg::MoeActivation activation, float swiglu_limit, float swiglu_alpha,
+                     bool interleaved_gate_up, Keep& keep) {
+  fg::MoeArgs args;
+  args.hidden = in(hidden, "hidden", keep);
+  args.top_k_index = in(top_k_index, "top_k_index", keep);
+  args.top_k_weights = in(top_k_weights, "top_k_weights", keep);
+  args.gate_up = in(gate_up, "gate_up", keep);
+  args.gate_up_scale = in(gate_up_scale, "gate_up_scale", keep);
+  args.down = in(down, "down", keep);
+  args.down_scale = in(down_scale, "down_scale", keep);
+  args.weight_recipe = weight_recipe;
+  args.activation_recipe = activation_recipe;
+  args.gate_up_act_scale = in_opt(gate_up_act_scale, "gate_up_act_scale", keep);
+  args.down_act_scale = in_opt(down_act_scale, "down_act_scale", keep);
+  args.gate_up_bias = in_opt(gate_up_bias, "gate_up_bias", keep);
+  args.down_bias = in_opt(down_bias, "down_bias", keep);
+  args.activation = activation;
+  args.swiglu_limit = swiglu_limit;
+  args.swiglu_alpha = swiglu_alpha;
+  args.interleaved_gate_up = interleaved_gate_up;
+  args.out = out(out_array, "out", keep);
+  return args;
+}
+
 fg::RunOptions run_options(fg::Backend backend, uintptr_t stream) { return {backend, reinterpret_cast<void*>(stream)}; }
 
 nb::tuple shape_tuple(const std::vector<int64_t>& shape) {
@@ -396,25 +425,10 @@ NB_MODULE(_ext, m) {
          fg::MoeActivation activation, float swiglu_limit, float swiglu_alpha, bool interleaved_gate_up,
          fg::Backend backend, uintptr_t stream) {
         Keep keep;
-        fg::MoeArgs args;
-        args.hidden = in(hidden, "hidden", keep);
-        args.top_k_index = in(top_k_index, "top_k_index", keep);
-        args.top_k_weights = in(top_k_weights, "top_k_weights", keep);
-        args.gate_up = in(gate_up, "gate_up", keep);
-        args.gate_up_scale = in(gate_up_scale, "gate_up_scale", keep);
-        args.down = in(down, "down", keep);
-        args.down_scale = in(down_scale, "down_scale", keep);
-        args.weight_recipe = weight_recipe;
-        args.activation_recipe = activation_recipe;
-        args.gate_up_act_scale = in_opt(gate_up_act_scale, "gate_up_act_scale", keep);
-        args.down_act_scale = in_opt(down_act_scale, "down_act_scale", keep);
-        args.gate_up_bias = in_opt(gate_up_bias, "gate_up_bias", keep);
-        args.down_bias = in_opt(down_bias, "down_bias", keep);
-        args.activation = activation;
-        args.swiglu_limit = swiglu_limit;
-        args.swiglu_alpha = swiglu_alpha;
-        args.interleaved_gate_up = interleaved_gate_up;
-        args.out = out(out_array, "out", keep);
+        const fg::MoeArgs args = moe_args(hidden, top_k_index, top_k_weights, gate_up, gate_up_scale, down, down_scale,
+                                          out_array, weight_recipe, activation_recipe, gate_up_act_scale,
+                                          down_act_scale, gate_up_bias, down_bias, activation, swiglu_limit,
+                                          swiglu_alpha, interleaved_gate_up, keep);
         nb::gil_scoped_release release;
         fg::moe_experts(args, run_options(backend, stream));
       },
@@ -475,25 +489,10 @@ NB_MODULE(_ext, m) {
          fg::MoeActivation activation, float swiglu_limit, float swiglu_alpha, bool interleaved_gate_up,
          const std::string& wire_y, int chunks, uintptr_t stream) {
         Keep keep;
-        fg::MoeArgs args;
-        args.hidden = in(hidden, "hidden", keep);
-        args.top_k_index = in(top_k_index, "top_k_index", keep);
-        args.top_k_weights = in(top_k_weights, "top_k_weights", keep);
-        args.gate_up = in(gate_up, "gate_up", keep);
-        args.gate_up_scale = in(gate_up_scale, "gate_up_scale", keep);
-        args.down = in(down, "down", keep);
-        args.down_scale = in(down_scale, "down_scale", keep);
-        args.weight_recipe = weight_recipe;
-        args.activation_recipe = activation_recipe;
-        args.gate_up_act_scale = in_opt(gate_up_act_scale, "gate_up_act_scale", keep);
-        args.down_act_scale = in_opt(down_act_scale, "down_act_scale", keep);
-        args.gate_up_bias = in_opt(gate_up_bias, "gate_up_bias", keep);
-        args.down_bias = in_opt(down_bias, "down_bias", keep);
-        args.activation = activation;
-        args.swiglu_limit = swiglu_limit;
-        args.swiglu_alpha = swiglu_alpha;
-        args.interleaved_gate_up = interleaved_gate_up;
-        args.out = out(out_array, "out", keep);
+        const fg::MoeArgs args = moe_args(hidden, top_k_index, top_k_weights, gate_up, gate_up_scale, down, down_scale,
+                                          out_array, weight_recipe, activation_recipe, gate_up_act_scale,
+                                          down_act_scale, gate_up_bias, down_bias, activation, swiglu_limit,
+                                          swiglu_alpha, interleaved_gate_up, keep);
         fg::EpMoeOptions options;
         if (wire_y == "float32")
           options.wire_y = fg::DType::F32;
