@@ -459,6 +459,21 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     constexpr bool kDoubleAcc = kPromote && kSubs == 1 && !kFp4B && kNChunks == 1 && kNumAcc * 3 <= 96;
     float acc2[kDoubleAcc ? kNumAcc : 1];
     uint32_t iter = 0;
+    // Promotion of one wgmma chunk: total += a · sa · sb, with this thread's A scales (sa0, sa1) and the slice's B
+    // scales sb in shared memory. Scale blocks of 8 or more columns are constant over a chunk: one read per chunk.
+    auto promote = [&](const float(&a)[kNumAcc], float sa0, float sa1, const float* sb, float sb_uniform, int ch) {
+#pragma unroll
+      for (int c = 0; c < WGMMA_N / 8; ++c) {
+        const int col = ch * WGMMA_N + c * 8;
+        const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
+        const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
+        float* tot = total + ch * kNumAcc + c * 4;
+        tot[0] = fmaf(a[c * 4 + 0], sa0 * sbc, tot[0]);
+        tot[1] = fmaf(a[c * 4 + 1], sa0 * sbd, tot[1]);
+        tot[2] = fmaf(a[c * 4 + 2], sa1 * sbc, tot[2]);
+        tot[3] = fmaf(a[c * 4 + 3], sa1 * sbd, tot[3]);
+      }
+    };
 
     for (int t = tile_begin; t < num_tiles; t += tile_step) {
       const TileInfo tile = tile_at(t);
@@ -494,18 +509,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             ptx::fence_operands(a);
             const float* sa = stage_scales_a(stage, 0);
             const float* sb = stage_scales_b(stage, 0);
-            const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
-            const float sb_uniform = sb[0];
-#pragma unroll
-            for (int c = 0; c < WGMMA_N / 8; ++c) {
-              const int col = c * 8;
-              const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
-              const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
-              total[c * 4 + 0] = fmaf(a[c * 4 + 0], sa0 * sbc, total[c * 4 + 0]);
-              total[c * 4 + 1] = fmaf(a[c * 4 + 1], sa0 * sbd, total[c * 4 + 1]);
-              total[c * 4 + 2] = fmaf(a[c * 4 + 2], sa1 * sbc, total[c * 4 + 2]);
-              total[c * 4 + 3] = fmaf(a[c * 4 + 3], sa1 * sbd, total[c * 4 + 3]);
-            }
+            promote(a, sa[row_in_tile], sa[row_in_tile + 8], sb, sb[0], 0);
             __syncwarp();
             if (lane == 0) release(stage);
           };
@@ -577,19 +581,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                   const float sb_uniform = sb[0];
                   ptx::wgmma_wait<0>();
                   ptx::fence_operands(acc);
-                  // Promote: total += acc · sa · sb.
-#pragma unroll
-                  for (int c = 0; c < WGMMA_N / 8; ++c) {
-                    const int col = ch * WGMMA_N + c * 8;
-                    // Scale blocks of 8 or more columns are constant over a chunk: one shared-memory read per chunk.
-                    const float sbc = b_uniform ? sb_uniform : sb[col + (b_chunk_uniform ? 0 : col_in_chunk)];
-                    const float sbd = b_uniform ? sb_uniform : (b_chunk_uniform ? sbc : sb[col + col_in_chunk + 1]);
-                    float* tot = total + ch * kNumAcc + c * 4;
-                    tot[0] = fmaf(acc[c * 4 + 0], sa0 * sbc, tot[0]);
-                    tot[1] = fmaf(acc[c * 4 + 1], sa0 * sbd, tot[1]);
-                    tot[2] = fmaf(acc[c * 4 + 2], sa1 * sbc, tot[2]);
-                    tot[3] = fmaf(acc[c * 4 + 3], sa1 * sbd, tot[3]);
-                  }
+                  promote(acc, sa0, sa1, sb, sb_uniform, ch);
                 }
               }
             };
