@@ -149,44 +149,38 @@ TEST_F(CudaTest, EveryTileConfig) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
-// The two-accumulator mainloop (FINEGEMM_GEMM_DOUBLE_ACC=1): the kernels that have it (one 128-wide promotion
-// per stage, 64-wide tiles), the others beside them, with an even and an odd number of K blocks per tile (the sets
-// alternate), split-K, and every block scale format.
-TEST_F(CudaTest, DoubleAccumulatorMainloop) {
-  setenv("FINEGEMM_GEMM_DOUBLE_ACC", "1", 1);
+// Two consumer warpgroups taking turns (pingpong, the default) against issuing freely (FINEGEMM_GEMM_PINGPONG=0):
+// the same FMAs in the same order, so bit for bit, and both against the reference. N = 1000 with 192-wide tiles
+// gives tiles whose 128-column B scale blocks change after 64 and after 128 columns (the promotion's two split
+// paths) and a partial last tile; 128-wide tiles take one B scale; K = 8192 wraps the stage ring many times and,
+// at M = 300, CTAs take several tiles. Split-K and the 2-CTA cluster take turns too.
+TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
   const auto recipes = all_recipes();
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[5]};  // block128 fp32/ue8m0/x4, static
-  for (const char* config : {"64x64:1", "64x128:1", "128x64:1", "64x64:3", "64x128:2", "128x128:1"}) {
+  for (const char* config : {"128x192:1", "128x128:1", "128x64:1", "128x192:3", "128x128:1c2"}) {
     setenv("FINEGEMM_GEMM_CONFIG", config, 1);
     for (const auto& recipe : kinds) {
-      for (int64_t m : {1, 200}) {
-        for (int64_t k : {1024, 1152, 128}) {  // 8, 9 and 1 K blocks
-          const int64_t n = 400;
-          LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
-          Buffer ref(DType::BF16, {m, n});
-          LinearArgs ref_args = c.args;
-          ref_args.out = ref;
-          linear(ref_args, {Backend::Reference});
-          const auto cmp = testing::compare(run_on_gpu(c.args), ref);
-          EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m << " K=" << k;
-          EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m << " K=" << k;
-        }
+      for (int64_t k : {1152, 8192}) {
+        const int64_t m = 300, n = 1000;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, true);
+        Buffer ref(DType::F32, {m, n});
+        LinearArgs ref_args = c.args;
+        ref_args.out = ref;
+        linear(ref_args, {Backend::Reference});
+        setenv("FINEGEMM_GEMM_PINGPONG", "1", 1);
+        const Buffer turns = run_on_gpu(c.args);
+        setenv("FINEGEMM_GEMM_PINGPONG", "0", 1);
+        const Buffer free_issue = run_on_gpu(c.args);
+        const auto cmp = testing::compare(turns, ref);
+        EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " K=" << k;
+        EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " K=" << k;
+        EXPECT_EQ(0, std::memcmp(turns.bytes.data(), free_issue.bytes.data(), turns.bytes.size()))
+            << config << " " << recipe.name << " K=" << k;
       }
     }
   }
-  // Bit for bit against the single-accumulator mainloop (the FMA order into the total is the same): K = 8192
-  // (64 K blocks: the stage ring wraps several times) and N = 10240 at M = 1 (160 tiles: some CTAs take two).
-  for (const char* config : {"64x64:1", "128x64:1"}) {
-    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
-    LinearCase c = make_case(recipes[0], 1, 10240, 8192, DType::BF16, DType::F32, false);
-    setenv("FINEGEMM_GEMM_DOUBLE_ACC", "0", 1);
-    const Buffer single = run_on_gpu(c.args);
-    setenv("FINEGEMM_GEMM_DOUBLE_ACC", "1", 1);
-    const Buffer twin = run_on_gpu(c.args);
-    EXPECT_EQ(0, std::memcmp(single.bytes.data(), twin.bytes.data(), single.bytes.size())) << config;
-  }
   unsetenv("FINEGEMM_GEMM_CONFIG");
-  unsetenv("FINEGEMM_GEMM_DOUBLE_ACC");
+  unsetenv("FINEGEMM_GEMM_PINGPONG");
 }
 
 TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {

@@ -28,9 +28,8 @@ struct GemmParams {
 
   // Promotion (K-granular scales), applied every `promote_k` elements of K (32, 64 or 128).
   int promote_k = 128;
-  // Two accumulator sets: K block kb's wgmma runs while kb-1's result is promoted (kernels where it fits in
-  // registers; see sm90_fp8_gemm.cuh). Off unless FINEGEMM_GEMM_DOUBLE_ACC=1 until measured on the H200.
-  bool double_acc = false;
+  // Two consumer warpgroups issue their wgmma in turn (see sm90_fp8_gemm.cuh); FINEGEMM_GEMM_PINGPONG=0 turns it off.
+  bool pingpong = true;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

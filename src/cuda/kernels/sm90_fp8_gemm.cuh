@@ -27,6 +27,8 @@
 namespace finegemm::cuda {
 
 inline constexpr int kGemmBlockK = 128;
+// A tile whose B scale is one value over all its columns (the promotion's split chunk lies past the tile).
+inline constexpr int kSplitNone = 1 << 20;
 
 // kPromoteK: 0 when no scale varies along K (they fold into the epilogue), else the K slice (32, 64 or 128)
 // after which the wgmma result is scaled and added to the FP32 total.
@@ -120,6 +122,26 @@ __device__ __forceinline__ void store_pair(const GemmParams& p, int row, int col
     case OutDType::F16:
       *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + offset) = __floats2half2_rn(v0, v1);
       break;
+  }
+}
+
+// Promotion of wgmma chunk `ch` (WGMMA_N columns) of a tile whose B scale takes one value on the 8-column chunks
+// before kSplit and another from kSplit on (counted over the whole tile): the block-scaled recipes. lo0/lo1 and
+// hi0/hi1 are this thread's two rows' A scale times the two B scales, formed before the wgmma wait, so that the
+// promotion is one FMA per accumulator.
+// NOTE: a free function: the same code as a generic lambda inside the kernel crashed cicc (CUDA 13.0).
+template <int kSplit, int WGMMA_N, int kNumTotal>
+__device__ __forceinline__ void promote_split(float (&total)[kNumTotal], const float (&a)[WGMMA_N / 2], float lo0, float lo1,
+                                              float hi0, float hi1, int ch) {
+#pragma unroll
+  for (int c = 0; c < WGMMA_N / 8; ++c) {
+    const bool lo = ch * (WGMMA_N / 8) + c < kSplit;
+    const float s0 = lo ? lo0 : hi0, s1 = lo ? lo1 : hi1;
+    float* tot = total + ch * (WGMMA_N / 2) + c * 4;
+    tot[0] = fmaf(a[c * 4 + 0], s0, tot[0]);
+    tot[1] = fmaf(a[c * 4 + 1], s0, tot[1]);
+    tot[2] = fmaf(a[c * 4 + 2], s1, tot[2]);
+    tot[3] = fmaf(a[c * 4 + 3], s1, tot[3]);
   }
 }
 
@@ -453,11 +475,6 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
     float acc[kNumAcc];
     float total[kPromote ? kNumTotal : 1];
-    // The second accumulator set (p.double_acc): one 128-wide promotion per stage, one wgmma chunk, and registers
-    // for three sets: 64-wide tiles (64x64 decode, 128x64).
-    // NOTE: with 64x128 (3 × 64 accumulators) ptxas spilled 108 bytes in every path of the kernel.
-    constexpr bool kDoubleAcc = kPromote && kSubs == 1 && !kFp4B && kNChunks == 1 && kNumAcc * 3 <= 96;
-    float acc2[kDoubleAcc ? kNumAcc : 1];
     uint32_t iter = 0;
     // Promotion of one wgmma chunk: total += a · sa · sb, with this thread's A scales (sa0, sa1) and the slice's B
     // scales sb in shared memory. Scale blocks of 8 or more columns are constant over a chunk: one read per chunk.
@@ -474,6 +491,21 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         tot[3] = fmaf(a[c * 4 + 3], sa1 * sbd, tot[3]);
       }
     };
+    // Pingpong (p.pingpong, two consumer warpgroups): the warpgroups issue their wgmma groups in turn (named
+    // barriers 1 and 2), so that one promotes while the other's wgmma runs. Without it both wait on the same stage,
+    // issue together, finish together and promote together, leaving the tensor cores idle meanwhile.
+    const bool ordered = kNumConsumers == 2 && p.pingpong;
+    bool issued_before = false;  // warpgroup 0: a group of warpgroup 1 is pending on barrier 2
+    auto order_before_issue = [&]() {
+      if (!ordered) return;
+      if (warpgroup == 1) ptx::named_bar_sync(1, 256);
+      else if (issued_before) ptx::named_bar_sync(2, 256);
+    };
+    auto order_after_issue = [&]() {
+      if (!ordered) return;
+      ptx::named_bar_arrive(warpgroup == 0 ? 1 : 2, 256);
+      issued_before = true;
+    };
 
     for (int t = tile_begin; t < num_tiles; t += tile_step) {
       const TileInfo tile = tile_at(t);
@@ -481,74 +513,35 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       const int row1 = row0 + 8;
       // Rows past M read a valid row's scale; their results are never stored.
       const int scale_row0 = min(row0, p.m - 1), scale_row1 = min(row1, p.m - 1);
+      // The B scales' pattern over the tile's 8-column chunks (block-scaled B: the scale changes at most once):
+      // kSplitNone (one value), 8 or 16 (the chunk where it changes), or -1 (per chunk, read from shared memory).
+      int b_split = -1;
+      // NOTE: 128-wide promotion of E4M3 B only: with four 32-wide slices the extra paths made 128x192 spill.
+      if constexpr (kPromoteK == 128 && !kFp4B) {
+        if (!p.b_scale || b_uniform) {
+          b_split = kSplitNone;
+        } else if (b_chunk_uniform) {
+          auto block_of = [&](int i) { return min(tile_b_row<BLOCK_N>(p, tile.n_block, i), p.n - 1) / p.b_block_n; };
+          const int first = block_of(0);
+          int change = kSplitNone, last = first;
+          bool two_runs = true;
+          for (int c = 1; c < BLOCK_N / 8; ++c) {
+            const int b = block_of(c * 8);
+            if (b == last) continue;
+            two_runs = two_runs && change == kSplitNone;
+            change = change == kSplitNone ? c : change;
+            last = b;
+          }
+          if (two_runs && (change == kSplitNone || change == 8 || change == 16)) b_split = change;
+        }
+      }
       // Epilogue row scales, loaded early: their latency hides behind the mainloop.
       const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? tile.group * p.row_scale_group_stride : 0);
       const float rs0 = load_vec(p.row_mode, row_scale, scale_row0);
       const float rs1 = load_vec(p.row_mode, row_scale, scale_row1);
 
-      // Double accumulators: issue K block kb into one set, then promote kb-1 from the other while it runs.
-      // NOTE: the sets alternate in a body unrolled by two, so that every register array is named at compile time.
-      bool double_done = false;
-      (void)double_done;
-      if constexpr (kDoubleAcc) {
-        if (p.double_acc) {
-          double_done = true;
-#pragma unroll
-          for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
-          auto issue = [&](float(&a)[kNumAcc], int stage) {
-            ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
-            const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
-            const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
-            ptx::fence_operands(a);
-            ptx::wgmma_fence();
-#pragma unroll
-            for (int s = 0; s < kGemmBlockK / 32; ++s) Mma::mma(desc_a + (s * 32 >> 4), desc_b + (s * 32 >> 4), a, s > 0);
-            ptx::wgmma_commit();
-          };
-          auto promote_release = [&](float(&a)[kNumAcc], int stage) {
-            ptx::fence_operands(a);
-            const float* sa = stage_scales_a(stage, 0);
-            const float* sb = stage_scales_b(stage, 0);
-            promote(a, sa[row_in_tile], sa[row_in_tile + 8], sb, sb[0], 0);
-            __syncwarp();
-            if (lane == 0) release(stage);
-          };
-          int pending = -1;          // stage whose wgmma is in flight, or -1
-          bool pending_in_2 = false;  // ... in acc2 (else in acc)
-          for (int kb = tile.kb_begin; kb < tile.kb_end;) {
-            {  // into acc
-              const int stage = iter % kNumStages;
-              issue(acc, stage);
-              if (pending >= 0) {
-                ptx::wgmma_wait<1>();
-                promote_release(acc2, pending);
-              }
-              pending = stage;
-              pending_in_2 = false;
-              ++kb;
-              ++iter;
-            }
-            if (kb >= tile.kb_end) break;
-            {  // into acc2
-              const int stage = iter % kNumStages;
-              issue(acc2, stage);
-              ptx::wgmma_wait<1>();
-              promote_release(acc, pending);
-              pending = stage;
-              pending_in_2 = true;
-              ++kb;
-              ++iter;
-            }
-          }
-          if (pending >= 0) {
-            ptx::wgmma_wait<0>();
-            if (pending_in_2) promote_release(acc2, pending);
-            else promote_release(acc, pending);
-          }
-        }
-      }
       if constexpr (kPromote) {
-        if (!double_done) {
+        {
 #pragma unroll
           for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
           for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
@@ -565,6 +558,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
               for (int sub = 0; sub < kSlices; ++sub) {
 #pragma unroll
                 for (int ch = 0; ch < kNChunks; ++ch) {
+                  order_before_issue();
                   ptx::fence_operands(acc);
                   ptx::wgmma_fence();
 #pragma unroll
@@ -574,14 +568,25 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                     Mma::mma(desc_a + advance, desc_b + chunk_offset + advance, acc, s > 0);
                   }
                   ptx::wgmma_commit();
+                  order_after_issue();
                   // Scales of this slice (from shared memory) while the wgmma runs.
                   const float* sa = stage_scales_a(stage, sub);
                   const float* sb = stage_scales_b(stage, sub);
                   const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
-                  const float sb_uniform = sb[0];
+                  const float s_lo = sb[0];
+                  const float s_hi = b_split == 8 ? sb[64] : (b_split == 16 ? sb[128] : s_lo);
+                  const float lo0 = sa0 * s_lo, lo1 = sa1 * s_lo, hi0 = sa0 * s_hi, hi1 = sa1 * s_hi;
                   ptx::wgmma_wait<0>();
                   ptx::fence_operands(acc);
-                  promote(acc, sa0, sa1, sb, sb_uniform, ch);
+                  if (b_split == kSplitNone) {
+                    promote_split<kSplitNone, WGMMA_N>(total, acc, lo0, lo1, lo0, lo1, ch);
+                  } else if (b_split == 8) {
+                    promote_split<8, WGMMA_N>(total, acc, lo0, lo1, hi0, hi1, ch);
+                  } else if (b_split == 16) {
+                    promote_split<16, WGMMA_N>(total, acc, lo0, lo1, hi0, hi1, ch);
+                  } else {
+                    promote(acc, sa0, sa1, sb, s_lo, ch);
+                  }
                 }
               }
             };
@@ -596,7 +601,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             if (lane == 0) release(stage);
           }
         }
-      } else {
+      } else if constexpr (!kPromote) {
         // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.
         int prev_stage = -1;
 #pragma unroll
@@ -768,6 +773,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         epilogue(acc);
       }
     }
+    // Warpgroup 0 takes warpgroup 1's last arrival on barrier 2, so that no barrier is left half passed.
+    if (ordered && warpgroup == 0 && issued_before) ptx::named_bar_sync(2, 256);
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if constexpr (kCluster > 1) {

@@ -90,6 +90,14 @@ __device__ __forceinline__ uint64_t make_desc_k_major_sw128(const void* smem_ptr
   return desc;
 }
 
+// ---- named barriers (0 is __syncthreads): `threads` arrive, a multiple of 32; arrive does not wait
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- register reallocation between warpgroups
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

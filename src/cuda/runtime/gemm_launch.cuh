@@ -55,10 +55,10 @@ inline bool fp4_fold(const GemmParams& p) {
          (p.a_scale == nullptr || p.a_group % 128 == 0);
 }
 
-// FINEGEMM_GEMM_DOUBLE_ACC=1: the two-accumulator mainloop where a kernel has it (GemmParams::double_acc).
-inline bool double_acc_requested() {
-  const char* env = std::getenv("FINEGEMM_GEMM_DOUBLE_ACC");
-  return env && *env == '1';
+// FINEGEMM_GEMM_PINGPONG=0: the two consumer warpgroups issue their wgmma without taking turns (comparisons).
+inline bool pingpong_requested() {
+  const char* env = std::getenv("FINEGEMM_GEMM_PINGPONG");
+  return !(env && *env == '0');
 }
 
 inline constexpr int kMaxDevices = 64;

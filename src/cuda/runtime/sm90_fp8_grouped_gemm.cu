@@ -35,7 +35,7 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                                   Epilogue epilogue, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || layout.num_groups == 0) return;
-  p.double_acc = double_acc_requested();
+  p.pingpong = pingpong_requested();
   if (layout.num_groups > kMaxGroupedExperts)
     throw Error("num_experts: the grouped GEMM takes at most " + std::to_string(kMaxGroupedExperts) + " experts, got " +
                 std::to_string(layout.num_groups));
