@@ -21,7 +21,9 @@ namespace {
 constexpr double kLinearTolerance = 3e-3;  // bf16 output (RECIPES.md)
 constexpr double kMoeTolerance = 1e-2;
 // The reference runs in double with plain loops: it checks at most this many FLOPs' worth of tokens.
-constexpr double kReferenceFlopBudget = 5e7;
+// NOTE: 5e7 checked 15 tokens of the synthetic block; the requantized MoE intermediate then gave rel 2e-3..1.02e-2
+// over fresh seeds on the H200 (a flipped E4M3 code moves a whole output row): 2e8 checks 60 tokens.
+constexpr double kReferenceFlopBudget = 2e8;
 
 struct Row {
   std::string recipe, layer;

@@ -53,6 +53,7 @@ void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap
     if constexpr (kPromoteK != 32) {
       if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
       if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
+      if (c.block_m == 128 && c.block_n == 256) return launch_kernel<128, 256, 4, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
     }
     throw Error("gemm config: no compiled 2-CTA cluster kernel for " + c.describe());
   }
@@ -61,6 +62,10 @@ void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap
   if (c.block_m == 128 && c.block_n == 64) return launch_kernel<128, 64, 8, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
+  // 128x256: no 32-wide promotion (two n128 halves with four slices each would spill).
+  if constexpr (kPromoteK != 32) {
+    if (c.block_m == 128 && c.block_n == 256) return launch_kernel<128, 256, 4, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
+  }
   throw Error("gemm config: no compiled kernel for " + c.describe());
 }
 
@@ -142,18 +147,20 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
     int bm = 0, bn = 0, split = 0, cluster = 1;
     const int got = std::sscanf(forced, "%dx%d:%dc%d", &bm, &bn, &split, &cluster);
-    const bool valid = got >= 2 && (bm == 64 || bm == 128) && (bn == 64 || bn == 128 || bn == 192) &&
+    const bool valid = got >= 2 && (bm == 64 || bm == 128) && (bn == 64 || bn == 128 || bn == 192 || bn == 256) &&
+                       (bn != 256 || (bm == 128 && promote_k != 32)) &&
                        (cluster == 1 || (cluster == 2 && bm == 128 && bn >= 128 && promote_k != 32));
     if (!valid)
-      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128}, BN in {64, 128, 192} "
-                              "(c2: 2-CTA clusters, 128x128 or 128x192, no 32-wide promotion), got '") +
+      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128}, BN in {64, 128, 192, "
+                              "256} (256: BM 128, no 32-wide promotion; c2: 2-CTA clusters, BM 128, BN >= 128, no 32-wide "
+                              "promotion), got '") +
                   forced + "'");
     c.block_m = bm;
     c.block_n = bn;
     c.cluster = cluster;
     if (got >= 3) c.split_k = split;
   }
-  c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : (c.block_n == 128 ? 6 : 5));
+  c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : (c.block_n == 128 ? 6 : (c.block_n == 192 ? 5 : 4)));
   c.split_k = std::max(1, std::min(c.split_k, num_kb));
   c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
   c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
