@@ -2,6 +2,8 @@
 // poisoned outputs. Skips itself when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstring>
 #include <tuple>
 
 #include "core/device_buffer.hpp"
@@ -72,6 +74,22 @@ Buffer run_on_gpu(const LinearArgs& host_args) {
   synchronize(kGpu);
   copy_to_host(d_out.view, out);
   return out;
+}
+
+// The same call with a kernel switch (an environment variable) on ("1") and off ("0"); unset afterwards.
+struct SwitchRuns {
+  Buffer on, off;
+  bool same_bits() const {
+    return on.bytes.size() == off.bytes.size() && std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size()) == 0;
+  }
+};
+SwitchRuns run_with_switch(const char* env, const LinearArgs& args) {
+  setenv(env, "1", 1);
+  Buffer on = run_on_gpu(args);
+  setenv(env, "0", 1);
+  Buffer off = run_on_gpu(args);
+  unsetenv(env);
+  return {std::move(on), std::move(off)};
 }
 
 double tolerance(DType out) { return out == DType::F32 ? 1e-3 : 3e-3; }
@@ -165,25 +183,70 @@ TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
       for (int64_t k : {1152, 8192}) {
         const int64_t m = 300, n = 1000;
         LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, true);
-        setenv("FINEGEMM_GEMM_PINGPONG", "1", 1);
-        const Buffer turns = run_on_gpu(c.args);
-        setenv("FINEGEMM_GEMM_PINGPONG", "0", 1);
-        const Buffer free_issue = run_on_gpu(c.args);
-        EXPECT_EQ(0, std::memcmp(turns.bytes.data(), free_issue.bytes.data(), turns.bytes.size()))
-            << config << " " << recipe.name << " K=" << k;
+        const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_PINGPONG", c.args);
+        EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " K=" << k;
         if (k > 1152) continue;  // NOTE: the CPU reference at K = 8192 took 2 minutes over the configs
         Buffer ref(DType::F32, {m, n});
         LinearArgs ref_args = c.args;
         ref_args.out = ref;
         linear(ref_args, {Backend::Reference});
-        const auto cmp = testing::compare(turns, ref);
+        const auto cmp = testing::compare(runs.on, ref);
         EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " K=" << k;
         EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " K=" << k;
       }
     }
   }
   unsetenv("FINEGEMM_GEMM_CONFIG");
-  unsetenv("FINEGEMM_GEMM_PINGPONG");
+}
+
+// FINEGEMM_GEMM_CHUNK_SCALES=1: the scale loaders store one B scale per 8-column chunk instead of one per column.
+// The consumers read chunk starts only, so the results are the same bits. 192-wide tiles over N = 1000 give both
+// places where a 128-column scale block changes inside a tile; 64x128 blocks change every 64 columns.
+TEST_F(CudaTest, ChunkScalesMatchPerColumnScales) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[5], recipes[7]};
+  for (const char* config : {"128x192:1", "128x128:1", "64x64:1", "64x128:2", "128x256:1", "128x192:1c2"}) {
+    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    for (const auto& recipe : kinds) {
+      for (int64_t m : {1, 300}) {
+        LinearCase c = make_case(recipe, m, 1000, 1152, DType::BF16, DType::F32, true);
+        EXPECT_TRUE(run_with_switch("FINEGEMM_GEMM_CHUNK_SCALES", c.args).same_bits())
+            << config << " " << recipe.name << " M=" << m;
+      }
+    }
+  }
+  unsetenv("FINEGEMM_GEMM_CONFIG");
+}
+
+// FINEGEMM_GEMM_FP32_ACCUM=1: the recipes without K-granular scales (per-tensor, per-channel, per-token) through
+// the promoting kernels with unit scales (the accumulator moves to FP32 every 128 of K). Both modes against the
+// reference at a long K, where the wgmma accumulator's reduced precision would show; the errors are printed.
+TEST_F(CudaTest, Fp32AccumulationOfUnscaledRecipes) {
+  int cases = 0;
+  for (const auto& recipe : all_recipes()) {
+    const bool k_scaled = recipe.weight.granularity == WeightGranularity::Block ||
+                          recipe.weight.granularity == WeightGranularity::MX ||
+                          recipe.activation.granularity == ActGranularity::PerTokenGroup;
+    if (k_scaled) continue;
+    for (int64_t m : {64, 300}) {
+      const int64_t n = 512, k = 16384;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, true);
+      Buffer ref(DType::F32, {m, n});
+      LinearArgs ref_args = c.args;
+      ref_args.out = ref;
+      linear(ref_args, {Backend::Reference});
+      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_FP32_ACCUM", c.args);
+      const auto fast = testing::compare(runs.off, ref);
+      const auto promoted = testing::compare(runs.on, ref);
+      std::printf("%s M=%lld K=%lld: rel %.3e (wgmma accumulator), %.3e (FP32 every 128)\n", recipe.name.c_str(),
+                  static_cast<long long>(m), static_cast<long long>(k), fast.rel, promoted.rel);
+      EXPECT_EQ(promoted.non_finite, 0) << recipe.name << " M=" << m;
+      EXPECT_LE(promoted.rel, 1e-3) << recipe.name << " M=" << m;
+      EXPECT_LE(fast.rel, 1e-3) << recipe.name << " M=" << m;
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 2) << "all_recipes() lost its unscaled-along-K recipes";
 }
 
 TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {

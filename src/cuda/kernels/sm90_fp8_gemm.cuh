@@ -328,6 +328,15 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
           va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
         }
+        if (b_chunk_uniform && p.chunk_scales) {
+          // One scale per 8-column chunk (lane = chunk): the consumers read each chunk's first column only.
+          const int i = min(lane * 8, BLOCK_N - 1);
+          const int b_row = min(tile_b_row<BLOCK_N>(p, c.tile.n_block, i), p.n - 1);
+          vb[0] = (p.b_scale && lane < BLOCK_N / 8 && (!b_uniform || lane == 0))
+                      ? load_b_scale(p, c.tile.group, b_row / p.b_block_n, kb_scale)
+                      : 1.0f;
+          return;
+        }
 #pragma unroll
         for (int j = 0; j < kVb; ++j) {
           const int i = lane + 32 * j;
@@ -342,6 +351,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         float* sb = stage_scales_b(stage, sub);
 #pragma unroll
         for (int j = 0; j < kVa; ++j) sa[lane + 32 * j] = va[j];
+        if (b_chunk_uniform && p.chunk_scales) {
+          if (lane < BLOCK_N / 8) sb[lane * 8] = vb[0];
+          return;
+        }
 #pragma unroll
         for (int j = 0; j < kVb; ++j)
           if (lane + 32 * j < BLOCK_N) sb[lane + 32 * j] = vb[j];

@@ -61,6 +61,21 @@ inline bool pingpong_requested() {
   return !(env && *env == '0');
 }
 
+// FINEGEMM_GEMM_CHUNK_SCALES=1: GemmParams::chunk_scales.
+inline bool chunk_scales_requested() {
+  const char* env = std::getenv("FINEGEMM_GEMM_CHUNK_SCALES");
+  return env && *env == '1';
+}
+
+// FINEGEMM_GEMM_FP32_ACCUM=1: recipes without K-granular scales (per-tensor, per-channel, per-token) run the
+// promoting kernels with unit scales, so that the wgmma accumulator is moved into FP32 registers every 128 of K,
+// as for the block recipes. Hopper's FP8 wgmma accumulates with fewer bits than FP32 (the DeepSeek-V3 report:
+// about 14), which grows with K. Off by default until its error and speed are measured on the H200.
+inline bool fp32_accum_requested() {
+  const char* env = std::getenv("FINEGEMM_GEMM_FP32_ACCUM");
+  return env && *env == '1';
+}
+
 inline constexpr int kMaxDevices = 64;
 
 inline int num_sms_of_device(int device) {
