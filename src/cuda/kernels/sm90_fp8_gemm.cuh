@@ -328,7 +328,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
           va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
         }
-        if (b_chunk_uniform && p.chunk_scales) {
+        // NOTE: 128-wide promotion of E4M3 B only (FP4 scales are per row); in the 32-wide kernels the extra path
+        // made the grouped 128x128 kernel spill 8 bytes.
+        if (kPromoteK == 128 && !kFp4B && b_chunk_uniform && p.chunk_scales) {
           // One scale per 8-column chunk (lane = chunk): the consumers read each chunk's first column only.
           const int i = min(lane * 8, BLOCK_N - 1);
           const int b_row = min(tile_b_row<BLOCK_N>(p, c.tile.n_block, i), p.n - 1);
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         float* sb = stage_scales_b(stage, sub);
 #pragma unroll
         for (int j = 0; j < kVa; ++j) sa[lane + 32 * j] = va[j];
-        if (b_chunk_uniform && p.chunk_scales) {
+        if (kPromoteK == 128 && !kFp4B && b_chunk_uniform && p.chunk_scales) {
           if (lane < BLOCK_N / 8) sb[lane * 8] = vb[0];
           return;
         }
@@ -507,16 +509,19 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     // Pingpong (p.pingpong, two consumer warpgroups): the warpgroups issue their wgmma groups in turn (named
     // barriers 1 and 2), so that one promotes while the other's wgmma runs. Without it both wait on the same stage,
     // issue together, finish together and promote together, leaving the tensor cores idle meanwhile.
-    const bool ordered = kNumConsumers == 2 && p.pingpong;
+    // NOTE: not for 256-wide tiles: its two registers made the 128x256 gate_up kernel (128 + 64 accumulators)
+    // spill 32 bytes.
+    const bool ordered = kNumConsumers == 2 && BLOCK_N <= 192 && p.pingpong;
     bool issued_before = false;  // warpgroup 0: a group of warpgroup 1 is pending on barrier 2
     auto order_before_issue = [&]() {
       if (!ordered) return;
-      if (warpgroup == 1) ptx::named_bar_sync(1, 256);
-      else if (issued_before) ptx::named_bar_sync(2, 256);
+      if (warpgroup == 1) ptx::named_bar_sync<1, 256>();
+      else if (issued_before) ptx::named_bar_sync<2, 256>();
     };
     auto order_after_issue = [&]() {
       if (!ordered) return;
-      ptx::named_bar_arrive(warpgroup == 0 ? 1 : 2, 256);
+      if (warpgroup == 0) ptx::named_bar_arrive<1, 256>();
+      else ptx::named_bar_arrive<2, 256>();
       issued_before = true;
     };
 
@@ -787,7 +792,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       }
     }
     // Warpgroup 0 takes warpgroup 1's last arrival on barrier 2, so that no barrier is left half passed.
-    if (ordered && warpgroup == 0 && issued_before) ptx::named_bar_sync(2, 256);
+    if (ordered && warpgroup == 0 && issued_before) ptx::named_bar_sync<2, 256>();
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if constexpr (kCluster > 1) {

@@ -90,12 +90,17 @@ __device__ __forceinline__ uint64_t make_desc_k_major_sw128(const void* smem_ptr
   return desc;
 }
 
-// ---- named barriers (0 is __syncthreads): `threads` arrive, a multiple of 32; arrive does not wait
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+// ---- named barriers (0 is __syncthreads): `kThreads` arrive, a multiple of 32; arrive does not wait.
+// NOTE: the id is an immediate: passed in a register, ptxas reserved all 16 barriers for the kernel.
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_bar_sync() {
+  static_assert(kId > 0 && kId < 16 && kThreads % 32 == 0, "named barrier: id 1..15, a multiple of 32 threads");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_bar_arrive() {
+  static_assert(kId > 0 && kId < 16 && kThreads % 32 == 0, "named barrier: id 1..15, a multiple of 32 threads");
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
 // ---- register reallocation between warpgroups
