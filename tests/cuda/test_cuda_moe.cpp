@@ -50,6 +50,24 @@ struct Variant {
   bool bias;
 };
 
+// A small block (H = 256, 8 experts, top 4) in one activation variant.
+// NOTE: one token's output rests on few E4M3 codes of the intermediate; a single rounding flip between the GPU's
+// fp32 and the reference's double moved a T=1, I=256 output by 1.26%. A wider I at T = 1 keeps one flip under the
+// 1e-2 bar (as in the CPU fast-path tests).
+MoeProblem small_problem(int64_t tokens, const Variant& v) {
+  MoeProblem problem;
+  problem.tokens = tokens;
+  problem.hidden = 256;
+  problem.inter = tokens == 1 ? 1024 : 256;
+  problem.experts = 8;
+  problem.top_k = 4;
+  problem.activation = v.act;
+  problem.swiglu_limit = v.limit;
+  problem.interleaved = v.interleaved;
+  problem.bias = v.bias;
+  return problem;
+}
+
 TEST_F(CudaMoe, EveryRecipeMatchesReference) {
   const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
                               {MoeActivation::SwiGLU, 7.0f, false, true},
@@ -61,19 +79,7 @@ TEST_F(CudaMoe, EveryRecipeMatchesReference) {
     // Two activation variants per recipe, rotating, so every variant meets every kind of recipe across the list.
     for (int64_t tokens : {1, 77, 300}) {
       for (const auto& v : {variants[r % 4], variants[(r + 1 + tokens) % 4]}) {
-        MoeProblem problem;
-        problem.tokens = tokens;
-        problem.hidden = 256;
-        // NOTE: one token's output rests on few E4M3 codes of the intermediate; a single rounding flip between
-        // the GPU's fp32 and the reference's double moved a T=1, I=256 output by 1.26%. A wider I keeps one flip
-        // under the 1e-2 bar (as in the CPU fast-path tests).
-        problem.inter = tokens == 1 ? 1024 : 256;
-        problem.experts = 8;
-        problem.top_k = 4;
-        problem.activation = v.act;
-        problem.swiglu_limit = v.limit;
-        problem.interleaved = v.interleaved;
-        problem.bias = v.bias;
+        const MoeProblem problem = small_problem(tokens, v);
         const auto masters = tools::make_moe_masters(rng(), problem);
         auto data = tools::make_moe(rng(), recipe, problem, masters);
         const auto cmp = run_and_compare(data);
@@ -99,16 +105,7 @@ TEST_F(CudaMoe, PerTokenActivationsOnTheGpuPath) {
     if (recipe.activation.granularity != ActGranularity::PerToken) continue;
     for (int64_t tokens : {1, 77, 300}) {
       for (const auto& v : variants) {
-        MoeProblem problem;
-        problem.tokens = tokens;
-        problem.hidden = 256;
-        problem.inter = tokens == 1 ? 1024 : 256;  // see EveryRecipeMatchesReference
-        problem.experts = 8;
-        problem.top_k = 4;
-        problem.activation = v.act;
-        problem.swiglu_limit = v.limit;
-        problem.interleaved = v.interleaved;
-        problem.bias = v.bias;
+        const MoeProblem problem = small_problem(tokens, v);
         const auto masters = tools::make_moe_masters(rng(), problem);
         auto data = tools::make_moe(rng(), recipe, problem, masters);
         // The GPU kernels serve it (the host fallback would pass the comparison too).
