@@ -31,8 +31,8 @@ struct GemmParams {
   // Two consumer warpgroups issue their wgmma in turn (see sm90_fp8_gemm.cuh); FINEGEMM_GEMM_PINGPONG=0 turns it off.
   bool pingpong = true;
   // The scale loader warps load one B scale per 8-column chunk where the scale blocks allow it (the consumers read
-  // only each chunk's first column), not one per column. FINEGEMM_GEMM_CHUNK_SCALES=1; off until run on the H200.
-  bool chunk_scales = false;
+  // only each chunk's first column), not one per column. On unless FINEGEMM_GEMM_CHUNK_SCALES=0.
+  bool chunk_scales = true;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

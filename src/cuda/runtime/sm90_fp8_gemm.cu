@@ -119,13 +119,15 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
       }
     }
   } else {
-    // Prefill is bound by the tensor cores and by L2→SM traffic: wider tiles move fewer bytes per FLOP.
-    // NOTE: 128x128 tiles ran at ~500 TFLOPS at M=4096 (L2-bound: 128 FLOP per byte loaded).
-    // Cost = waves × tile area / efficiency of the tile width.
+    // Prefill: cost = waves × tile area / efficiency of the tile width.
+    // NOTE: measured on the H200 (bench/results/split_n_2026-11-30_48fe691.json, block 128x128 dynamic), 128x128
+    // tiles beat 128x192 on every prefill shape: M=4096 N=7168 K=16384 867 vs 775 TFLOP/s, N=4096 K=7168 759 vs
+    // 596, N=24576 K=1536 461 vs 373, N=2112 K=7168 610 vs 580, M=512 702 vs 442. (An older kernel had them the
+    // other way round.) 128x64 keeps its old weight relative to 128x128.
     double best = 1e300;
     for (int bn : {64, 128, 192}) {
       if (bn == 192 && promote_k == 32) continue;  // NOTE: 128x192 with 32-wide promotion spilled registers
-      const double efficiency = bn == 192 ? 1.0 : (bn == 128 ? 0.8 : 0.55);
+      const double efficiency = bn == 192 ? 0.85 : (bn == 128 ? 1.0 : 0.69);
       const int tiles = ceil_div(m, c.block_m) * ceil_div(n, bn);
       const double cost = static_cast<double>(ceil_div(tiles, num_sms)) * bn / efficiency;
       if (cost < best) {
