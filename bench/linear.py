@@ -5,7 +5,7 @@ around single launches, median; CUDA-graph replay for M <= 128; weights rotated 
 
 Usage: python3 bench/linear.py --bench build/bench/bench_cuda_linear [--out FILE.json] [--m 1,16,...] [--variants ...]
 """
-import argparse, datetime, json, math, os, subprocess, sys
+import argparse, datetime, json, math, os, subprocess, sys, time
 
 import torch
 import torch.nn.functional as F
@@ -46,10 +46,10 @@ def timed(fn, iters, graph_calls=None):
     return us, us_graph
 
 
-def torch_baselines(ms, l2_bytes):
+def torch_baselines(ms, l2_bytes, shapes=SHAPES):
     rows = []
     dev = "cuda"
-    for n, k in SHAPES:
+    for n, k in shapes:
         copies = max(1, min(64, (3 * l2_bytes) // (n * k) + 2))
         w_q = [torch.randn(n, k, device=dev).mul(64).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(copies)]
         L = k // 128; L4 = (L + 3) // 4 * 4
@@ -92,26 +92,45 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--m", default="1,16,64,128,512,4096")
     ap.add_argument("--variants", default="block-fp32-dynamic,block-ue8m0-dynamic,block-fp32-static")
+    ap.add_argument("--budget-s", type=float, default=0, help="stop the finegemm bench after 60%% of this many seconds")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 60 * 2**20)
 
+    # finegemm's rows stream in as the bench binary prints them; past --budget-s (a share of the caller's time) the
+    # binary is stopped and the shapes it finished are compared, so that a long run still returns its results.
+    # NOTE: a run that captured the binary's output to the end lost everything to the caller's timeout.
+    t_start = time.monotonic()
     cmd = [args.bench, "--m", args.m, "--variants", args.variants]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stderr.write(proc.stderr)
-    if proc.returncode != 0:
-        print(proc.stdout)
-        sys.exit(f"bench failed: {proc.returncode}")
-    ours = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
-    base = {(r["m"], r["n"], r["k"]): r for r in torch_baselines(ms, l2)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    ours = []
+    stopped = False
+    for line in proc.stdout:
+        if line.startswith("{"):
+            ours.append(json.loads(line))
+            print(line.rstrip(), file=sys.stderr, flush=True)
+        if args.budget_s and time.monotonic() - t_start > args.budget_s * 0.6:
+            proc.kill()
+            stopped = True
+            break
+    rc = proc.wait()
+    if rc != 0 and not stopped:
+        sys.exit(f"bench failed: {rc}")
+    if stopped:
+        print(f"bench stopped after {time.monotonic() - t_start:.0f} s with {len(ours)} rows (--budget-s {args.budget_s})",
+              file=sys.stderr, flush=True)
+    done_shapes = sorted({(r["n"], r["k"]) for r in ours}, key=SHAPES.index)
+    base = {(r["m"], r["n"], r["k"]): r for r in torch_baselines(sorted({r["m"] for r in ours}), l2, done_shapes)}
 
     def best(us, g):
         return min(us, g) if g > 0 else us
 
     rows = []
     for r in ours:
-        b = base[(r["m"], r["n"], r["k"])]
+        b = base.get((r["m"], r["n"], r["k"]))
+        if b is None:
+            continue
         ours_t = best(r["us"], r["us_graph"])
         cub_t = best(b["cublas_us"], b["cublas_us_graph"])
         rows.append({**r, **b, "speedup_vs_cublas": cub_t / ours_t, "speedup_vs_bf16": best(b["bf16_us"], b["bf16_us_graph"]) / ours_t,
@@ -131,6 +150,7 @@ def main():
         "gpu": torch.cuda.get_device_name(0), "driver": torch.version.cuda,
         "commit": os.environ.get("FINEGEMM_COMMIT", "unknown"),
         "command": " ".join(sys.argv), "timing": "CUDA events around single launches (median); graph replay for M<=128; weights rotated > 3x L2",
+        "complete": not stopped,
         "rows": rows,
     }
     if args.out:
