@@ -219,9 +219,11 @@ TEST_F(CudaTest, ChunkScalesMatchPerColumnScales) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
-// FINEGEMM_GEMM_FP32_ACCUM=1: the recipes without K-granular scales (per-tensor, per-channel, per-token) through
-// the promoting kernels with unit scales (the accumulator moves to FP32 every 128 of K). Both modes against the
-// reference at a long K, where the wgmma accumulator's reduced precision would show; the errors are printed.
+// The recipes without K-granular scales (per-tensor, per-channel, per-token) move the wgmma accumulator into FP32
+// every 128 of K when K > 4096 (gemm_launch.cuh: fp32_accum_wanted). What linear() does by default must meet
+// RECIPES.md's 1e-3 (F32 out) at K = 4096 (plain kernels) and K = 16384 (promoted). The forced modes
+// (FINEGEMM_GEMM_FP32_ACCUM=1 / 0) are printed beside it; the wgmma accumulator alone measured 1.02e-3 at K = 16384
+// on the H200, which is why the default promotes there.
 TEST_F(CudaTest, Fp32AccumulationOfUnscaledRecipes) {
   int cases = 0;
   for (const auto& recipe : all_recipes()) {
@@ -229,25 +231,32 @@ TEST_F(CudaTest, Fp32AccumulationOfUnscaledRecipes) {
                           recipe.weight.granularity == WeightGranularity::MX ||
                           recipe.activation.granularity == ActGranularity::PerTokenGroup;
     if (k_scaled) continue;
-    for (int64_t m : {64, 300}) {
-      const int64_t n = 512, k = 16384;
-      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, true);
-      Buffer ref(DType::F32, {m, n});
-      LinearArgs ref_args = c.args;
-      ref_args.out = ref;
-      linear(ref_args, {Backend::Reference});
-      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_FP32_ACCUM", c.args);
-      const auto fast = testing::compare(runs.off, ref);
-      const auto promoted = testing::compare(runs.on, ref);
-      std::printf("%s M=%lld K=%lld: rel %.3e (wgmma accumulator), %.3e (FP32 every 128)\n", recipe.name.c_str(),
-                  static_cast<long long>(m), static_cast<long long>(k), fast.rel, promoted.rel);
-      EXPECT_EQ(promoted.non_finite, 0) << recipe.name << " M=" << m;
-      EXPECT_LE(promoted.rel, 1e-3) << recipe.name << " M=" << m;
-      EXPECT_LE(fast.rel, 1e-3) << recipe.name << " M=" << m;
-      ++cases;
+    for (int64_t k : {4096, 16384}) {
+      for (int64_t m : {64, 300}) {
+        const int64_t n = 512;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, true);
+        Buffer ref(DType::F32, {m, n});
+        LinearArgs ref_args = c.args;
+        ref_args.out = ref;
+        linear(ref_args, {Backend::Reference});
+        const auto by_default = testing::compare(run_on_gpu(c.args), ref);
+        const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_FP32_ACCUM", c.args);
+        const auto plain = testing::compare(runs.off, ref);
+        const auto promoted = testing::compare(runs.on, ref);
+        std::printf("%s M=%lld K=%lld: rel %.3e default, %.3e wgmma accumulator, %.3e FP32 every 128\n",
+                    recipe.name.c_str(), static_cast<long long>(m), static_cast<long long>(k), by_default.rel,
+                    plain.rel, promoted.rel);
+        EXPECT_EQ(by_default.non_finite, 0) << recipe.name << " M=" << m << " K=" << k;
+        EXPECT_LE(by_default.rel, 1e-3) << recipe.name << " M=" << m << " K=" << k;
+        EXPECT_EQ(promoted.non_finite, 0) << recipe.name << " M=" << m << " K=" << k;
+        EXPECT_LE(promoted.rel, 1e-3) << recipe.name << " M=" << m << " K=" << k;
+        // The plain kernels stay a comparison mode past K = 4096: bounded by the bf16-output bar there.
+        EXPECT_LE(plain.rel, k > 4096 ? 3e-3 : 1e-3) << recipe.name << " M=" << m << " K=" << k;
+        ++cases;
+      }
     }
   }
-  EXPECT_GE(cases, 2) << "all_recipes() lost its unscaled-along-K recipes";
+  EXPECT_GE(cases, 4) << "all_recipes() lost its unscaled-along-K recipes";
 }
 
 TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {

@@ -68,13 +68,20 @@ inline bool chunk_scales_requested() {
   return !(env && *env == '0');
 }
 
-// FINEGEMM_GEMM_FP32_ACCUM=1: recipes without K-granular scales (per-tensor, per-channel, per-token) run the
-// promoting kernels with unit scales, so that the wgmma accumulator is moved into FP32 registers every 128 of K,
-// as for the block recipes. Hopper's FP8 wgmma accumulates with fewer bits than FP32 (the DeepSeek-V3 report:
-// about 14), which grows with K. Off by default until its error and speed are measured on the H200.
-inline bool fp32_accum_requested() {
+// Recipes without K-granular scales (per-tensor, per-channel, per-token) run the promoting kernels with unit scales
+// when K > kFp32AccumMinK, so that the wgmma accumulator moves into FP32 registers every 128 of K, as for the block
+// recipes. Hopper's FP8 wgmma accumulates with fewer bits than FP32 (the DeepSeek-V3 report: about 14), and the error
+// grows with K.
+// NOTE: measured on the H200 (CudaTest.Fp32AccumulationOfUnscaledRecipes, F32 out, M=300, K=16384): rel 1.02e-3
+// with the wgmma accumulator alone, over RECIPES.md's 1e-3, and 1.26e-4 promoted. Promotion costs speed (M=4096,
+// N=7168, K=16384 per-channel: 845 vs 1160 TFLOP/s), so K ≤ 4096 keeps the plain kernels (there the error is about
+// a quarter of the K=16384 one). FINEGEMM_GEMM_FP32_ACCUM=1 / 0 forces it on / off (comparisons).
+inline constexpr int kFp32AccumMinK = 4096;
+inline bool fp32_accum_wanted(int k) {
   const char* env = std::getenv("FINEGEMM_GEMM_FP32_ACCUM");
-  return env && *env == '1';
+  if (env && *env == '1') return true;
+  if (env && *env == '0') return false;
+  return k > kFp32AccumMinK;
 }
 
 inline constexpr int kMaxDevices = 64;

@@ -176,7 +176,7 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
 
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
-  const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_requested();
+  const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k);
   p.pingpong = pingpong_requested();
   p.chunk_scales = chunk_scales_requested();
   int device = 0;
