@@ -17,7 +17,7 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   const int tile_cols = kEpilogue == Epilogue::ActRequant && p.b_layout != BLayout::Plain ? BLOCK_N / 2 : BLOCK_N;
   sched.num_n_blocks = ceil_div(kEpilogue == Epilogue::ActRequant ? p.out_cols : p.n, tile_cols);
   sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
-  const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k);
+  const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k, /*grouped=*/true);
   if (p.b_fp4) {
     // FP4 experts: 32-wide promotion, fewer stages (the packed staging buffer shares the shared memory).
     constexpr int kFp4Stages = BLOCK_N == 256 ? 3 : (BLOCK_M == 128 ? 4 : 6);
