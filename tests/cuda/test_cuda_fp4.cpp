@@ -490,18 +490,11 @@ struct ScopedGemmConfig {
   ScopedGemmConfig& operator=(const ScopedGemmConfig&) = delete;
 };
 
-// On the GPU each config also runs with the fold loaders' scale prefetch (FINEGEMM_FP4_PREFETCH=1, off by default).
 void check_exact_every_config(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& w) {
-  for (const char* prefetch : {"0", "1"}) {
-    if (!gpu && *prefetch == '1') continue;
-    setenv("FINEGEMM_FP4_PREFETCH", prefetch, 1);
-    for (const std::string& config : tile_configs(gpu)) {
-      const ScopedGemmConfig scope(config);
-      check_exact(target, gpu,
-                  (config.empty() ? name : name + " (FINEGEMM_GEMM_CONFIG=" + config + ")") + " prefetch=" + prefetch, w);
-    }
+  for (const std::string& config : tile_configs(gpu)) {
+    const ScopedGemmConfig scope(config);
+    check_exact(target, gpu, config.empty() ? name : name + " (FINEGEMM_GEMM_CONFIG=" + config + ")", w);
   }
-  unsetenv("FINEGEMM_FP4_PREFETCH");
 }
 
 // Why the crafted spreads sit where they do: E4M3 holds every E2M1 value · 2^-d for d ≤ 8 (down to its smallest

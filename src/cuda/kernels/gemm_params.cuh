@@ -33,9 +33,6 @@ struct GemmParams {
   // The scale loader warps load one B scale per 8-column chunk where the scale blocks allow it (the consumers read
   // only each chunk's first column), not one per column. On unless FINEGEMM_GEMM_CHUNK_SCALES=0.
   bool chunk_scales = true;
-  // FP4 fold kernels: the loader warps load the next K block's A scales and B exponents before waiting on the
-  // current stage. FINEGEMM_FP4_PREFETCH=1; off until run on the H200.
-  bool fp4_prefetch = false;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -377,62 +377,41 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         }
         __syncwarp();
       }
-      // Fold: the K block's A scales and each of this lane's B rows' four UE8M0 exponents (one word per row).
-      // With p.fp4_prefetch they are loaded for the next K block before the wait on the current stage, as the
-      // E4M3 kernels do, instead of after it (two dependent global round trips per stage on the loader's path).
-      constexpr int kFoldRows = (BLOCK_N + 31) / 32;
-      auto fold_load = [&](const Cursor& cur, float(&fa)[kVa], uint32_t(&words)[kFoldRows]) {
-        const int k0 = cur.kb * kGemmBlockK;
-        const int g = p.a_scale ? min(k0 / p.a_group, p.a_scale_cols - 1) : 0;
-#pragma unroll
-        for (int j = 0; j < kVa; ++j) {
-          const int row = min(cur.tile.m_row0 + lane + 32 * j, p.m - 1);
-          fa[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < kFoldRows; ++r) {
-          const int i = lane + 32 * r;
-          const int b_row = min(tile_b_row<BLOCK_N>(p, cur.tile.n_block, min(i, BLOCK_N - 1)), p.n - 1);
-          const uint8_t* e = static_cast<const uint8_t*>(p.b_scale) + cur.tile.group * p.b_scale_group_stride +
-                             static_cast<int64_t>(b_row / p.b_block_n) * p.b_scale_stride_n;
-          uint32_t word = 0;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) word |= static_cast<uint32_t>(e[min(k0 / 32 + q, p.b_scale_cols - 1)]) << (8 * q);
-          words[r] = word;
-        }
-      };
       Cursor c{tile_begin, TileInfo{}, 0, 0, false};
       seek_tile(c);
       step(c, loader);
       float va[kVa], vb[kVb];
-      uint32_t fold_words[kFoldRows] = {};
       if (kPipelined && c.valid) load(c, 0, va, vb);
-      if (kFold && p.fp4_prefetch && c.valid) fold_load(c, va, fold_words);
       while (c.valid) {
         Cursor next = c;
         step(next, kLoaders);
         float va_next[kVa], vb_next[kVb];
-        uint32_t fold_words_next[kFoldRows] = {};
         if (kPipelined && next.valid) load(next, 0, va_next, vb_next);  // in flight across this stage's wait
-        if (kFold && p.fp4_prefetch && next.valid) fold_load(next, va_next, fold_words_next);
         const int stage = c.iter % kNumStages;
         ptx::mbar_wait(&empty[stage], ((c.iter / kNumStages) & 1) ^ 1);
         if constexpr (kPipelined) {
           store(stage, 0, va, vb);
         } else if constexpr (kFold) {
           // A: one scale per row over the K block (the fold kernel runs only when A's groups are ≥ 128 wide).
-          // B: the four UE8M0 exponents of each row's K block; fold when every row spreads ≤ 8.
-          if (!p.fp4_prefetch) fold_load(c, va, fold_words);
-          bool ok = true;
+          const int k0 = c.kb * kGemmBlockK;
+          const int g = p.a_scale ? min(k0 / p.a_group, p.a_scale_cols - 1) : 0;
 #pragma unroll
-          for (int r = 0; r < kFoldRows; ++r) {
-            const int i = lane + 32 * r;
-            if (i >= BLOCK_N) continue;
-            const uint32_t word = fold_words[r];
+          for (int j = 0; j < kVa; ++j) {
+            const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
+            va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
+          }
+          // B: the four UE8M0 exponents of each row's K block; fold when every row spreads ≤ 8.
+          bool ok = true;
+          for (int i = lane; i < BLOCK_N; i += 32) {
+            const int b_row = min(tile_b_row<BLOCK_N>(p, c.tile.n_block, i), p.n - 1);
+            const uint8_t* e = static_cast<const uint8_t*>(p.b_scale) + c.tile.group * p.b_scale_group_stride +
+                               static_cast<int64_t>(b_row / p.b_block_n) * p.b_scale_stride_n;
+            uint32_t word = 0;
             int emax = 0, emin = 255;
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-              const int v = (word >> (8 * q)) & 0xFF;
+              const int v = e[min(k0 / 32 + q, p.b_scale_cols - 1)];
+              word |= static_cast<uint32_t>(v) << (8 * q);
               emax = max(emax, v);
               emin = min(emin, v);
             }
@@ -490,14 +469,6 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           if constexpr (kFold) __syncwarp();  // every lane has read this stage's shifts before they are rewritten
         }
         ptx::mbar_arrive(&full[stage]);
-        if constexpr (kFold) {
-          if (p.fp4_prefetch) {
-#pragma unroll
-            for (int j = 0; j < kVa; ++j) va[j] = va_next[j];
-#pragma unroll
-            for (int r = 0; r < kFoldRows; ++r) fold_words[r] = fold_words_next[r];
-          }
-        }
         if constexpr (kPipelined) {
 #pragma unroll
           for (int j = 0; j < kVa; ++j) va[j] = va_next[j];

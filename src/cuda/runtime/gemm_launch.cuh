@@ -68,12 +68,6 @@ inline bool chunk_scales_requested() {
   return !(env && *env == '0');
 }
 
-// FINEGEMM_FP4_PREFETCH=1: GemmParams::fp4_prefetch (off until run on the H200).
-inline bool fp4_prefetch_requested() {
-  const char* env = std::getenv("FINEGEMM_FP4_PREFETCH");
-  return env && *env == '1';
-}
-
 // Recipes without K-granular scales (per-tensor, per-channel, per-token) run the promoting kernels with unit scales
 // when K > kFp32AccumMinK, so that the wgmma accumulator moves into FP32 registers every 128 of K, as for the block
 // recipes. Hopper's FP8 wgmma accumulates with fewer bits than FP32 (the DeepSeek-V3 report: about 14), and the error
