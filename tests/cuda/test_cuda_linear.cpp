@@ -128,14 +128,18 @@ TEST_F(CudaTest, EveryTileConfig) {
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[8], recipes[9], recipes[1]};  // block128, 32x32, channel, ue8m0
   // "c2": 2-CTA clusters sharing B (TMA multicast); M = 1 and 200 leave the second CTA of a pair with no or some
   // rows, M = 700 gives several pairs with a partial last one.
+  // "192x128": three consumer warpgroups; M = 200 and 700 leave the last tile with 8 and 124 rows.
   for (const char* config : {"64x64:1", "64x128:3", "128x64:1", "128x128:2", "128x192:1", "128x192:4", "64x64:5",
-                             "128x256:1", "128x256:3", "128x128:1c2", "128x192:1c2", "128x192:3c2", "128x256:1c2"}) {
+                             "128x256:1", "128x256:3", "128x128:1c2", "128x192:1c2", "128x192:3c2", "128x256:1c2",
+                             "192x128:1", "192x128:3"}) {
     setenv("FINEGEMM_GEMM_CONFIG", config, 1);
     const bool cluster = std::string(config).find('c') != std::string::npos;
     const bool wide = std::string(config).find("x256") != std::string::npos;
+    const bool tall = std::string(config).rfind("192x", 0) == 0;
     for (const auto& recipe : kinds) {
-      // Clusters and 256-wide tiles are compiled for 128-wide promotion only.
-      if ((cluster || wide) && recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_k == 32) continue;
+      // Clusters, 256-wide and 192-row tiles are compiled for 128-wide promotion (and none) only.
+      if ((cluster || wide || tall) && recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_k == 32)
+        continue;
       for (int64_t m : {1, 200, 700}) {
         const int64_t n = 400, k = 1024;
         LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);

@@ -154,7 +154,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const GemmParams p, const Scheduler scheduler_arg) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M: one or two consumer warpgroups of 64 rows");
+  static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 192, "BLOCK_M: one to three consumer warpgroups of 64 rows");
+  static_assert(BLOCK_M != 192 || (BLOCK_N <= 128 && kPromoteK != 32 && !kFp4B && kCluster == 1),
+                "192-row tiles: three consumer warpgroups at 152 registers, up to 128 wide, E4M3, no 32-wide promotion");
   static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16, at most 256");
   static_assert(kPromoteK == 0 || kPromoteK == 32 || kPromoteK == 64 || kPromoteK == 128, "kPromoteK: 0, 32, 64, 128");
   constexpr bool kPromote = kPromoteK != 0;
@@ -167,9 +169,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   constexpr int kNumTotal = BLOCK_N / 2;
   // NOTE: setmaxnreg.inc waits until the registers are free in the pool the launch allocated (168 per thread ×
   // 384 threads = 64512 for two consumers), not the 65536 of the SM: 64 + 2 × 224 = 65536 hung on the H200.
-  constexpr int kProducerRegs = kNumConsumers == 2 ? 56 : 64;
-  constexpr int kConsumerRegs = kNumConsumers == 2 ? 224 : 240;
-  static_assert(kNumConsumers == 1 || 128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * 384,
+  // Three consumers (512 threads, 128 each at launch): 56 + 3 × 152 = 512 = 4 × 128 (40 made the loaders spill).
+  constexpr int kProducerRegs = kNumConsumers == 1 ? 64 : 56;
+  constexpr int kConsumerRegs = kNumConsumers == 1 ? 240 : (kNumConsumers == 2 ? 224 : 152);
+  constexpr int kLaunchRegs = (65536 / (128 * (kNumConsumers + 1)) > 255 ? 255 : 65536 / (128 * (kNumConsumers + 1))) / 8 * 8;
+  static_assert(kProducerRegs + kNumConsumers * kConsumerRegs <= kLaunchRegs * (kNumConsumers + 1),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static_assert(!kFp4B || kPromoteK == 32 || kPromoteK == 128, "FP4 B: promote every 32, or fold (128)");
   static_assert(kCluster == 1 || (kCluster == 2 && !kFp4B), "clusters: 1, or 2 CTAs sharing an E4M3 B tile");

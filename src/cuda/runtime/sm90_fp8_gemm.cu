@@ -44,8 +44,8 @@ float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
 // The compiled dense tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
 template <int kPromoteK>
 void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
-                    const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, const NormalScheduler<256>& s256,
-                    cudaStream_t stream) {
+                    const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, const NormalScheduler<192>& s192,
+                    const NormalScheduler<256>& s256, cudaStream_t stream) {
   constexpr auto kStore = Epilogue::Store;
   using S256 = NormalScheduler<256>;
   if (c.cluster == 2) {
@@ -60,6 +60,10 @@ void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap
   if (c.block_m == 64 && c.block_n == 64) return launch_kernel<64, 64, 12, kPromoteK, kStore>(a, b, p, s64, c.grid, stream);
   if (c.block_m == 64 && c.block_n == 128) return launch_kernel<64, 128, 8, kPromoteK, kStore>(a, b, p, s64, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 64) return launch_kernel<128, 64, 8, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
+  // 192x128: three consumer warpgroups, so that two wgmma groups are queued while one warpgroup promotes.
+  if constexpr (kPromoteK != 32) {
+    if (c.block_m == 192 && c.block_n == 128) return launch_kernel<192, 128, 5, kPromoteK, kStore>(a, b, p, s192, c.grid, stream);
+  }
   if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
   if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
   // 128x256: no 32-wide promotion (two n128 halves with four slices each would spill).
@@ -149,20 +153,22 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
     int bm = 0, bn = 0, split = 0, cluster = 1;
     const int got = std::sscanf(forced, "%dx%d:%dc%d", &bm, &bn, &split, &cluster);
-    const bool valid = got >= 2 && (bm == 64 || bm == 128) && (bn == 64 || bn == 128 || bn == 192 || bn == 256) &&
-                       (bn != 256 || (bm == 128 && promote_k != 32)) &&
+    const bool valid = got >= 2 && (bm == 64 || bm == 128 || bm == 192) && (bn == 64 || bn == 128 || bn == 192 || bn == 256) &&
+                       (bn != 256 || (bm == 128 && promote_k != 32)) && (bm != 192 || (bn == 128 && promote_k != 32 && cluster == 1)) &&
                        (cluster == 1 || (cluster == 2 && bm == 128 && bn >= 128 && promote_k != 32));
     if (!valid)
-      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128}, BN in {64, 128, 192, "
-                              "256} (256: BM 128, no 32-wide promotion; c2: 2-CTA clusters, BM 128, BN >= 128, no 32-wide "
-                              "promotion), got '") +
+      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128, 192}, BN in {64, 128, "
+                              "192, 256} (256: BM 128, no 32-wide promotion; BM 192: BN 128, no 32-wide promotion, no "
+                              "cluster; c2: 2-CTA clusters, BM 128, BN >= 128, no 32-wide promotion), got '") +
                   forced + "'");
     c.block_m = bm;
     c.block_n = bn;
     c.cluster = cluster;
     if (got >= 3) c.split_k = split;
   }
-  c.stages = c.block_m == 64 ? (c.block_n == 64 ? 12 : 8) : (c.block_n == 64 ? 8 : (c.block_n == 128 ? 6 : (c.block_n == 192 ? 5 : 4)));
+  c.stages = c.block_m == 192 ? 5
+             : c.block_m == 64 ? (c.block_n == 64 ? 12 : 8)
+                               : (c.block_n == 64 ? 8 : (c.block_n == 128 ? 6 : (c.block_n == 192 ? 5 : 4)));
   c.split_k = std::max(1, std::min(c.split_k, num_kb));
   c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
   c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
@@ -207,6 +213,13 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   s128.num_k_blocks = s64.num_k_blocks;
   s128.split_k = s64.split_k;
   s128.k_blocks_per_split = s64.k_blocks_per_split;
+  NormalScheduler<192> s192;
+  s192.m = s64.m;
+  s192.num_m_blocks = ceil_div(p.m, 192);
+  s192.num_n_blocks = s64.num_n_blocks;
+  s192.num_k_blocks = s64.num_k_blocks;
+  s192.split_k = s64.split_k;
+  s192.k_blocks_per_split = s64.k_blocks_per_split;
   NormalScheduler<256> s256;
   s256.m = s64.m;
   s256.num_m_blocks = ceil_div(p.m, 256);
@@ -234,9 +247,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
   if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
-  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s256, stream);
-  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s256, stream);
-  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s256, stream);
+  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
+  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
+  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
   if (p.workspace) {
     const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
     const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
