@@ -180,6 +180,20 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   return c;
 }
 
+namespace {
+template <int kRowsPerTile>
+NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmConfig& c) {
+  NormalScheduler<kRowsPerTile> s;
+  s.m = p.m;
+  s.num_m_blocks = ceil_div(p.m, kRowsPerTile);
+  s.num_n_blocks = ceil_div(p.n, c.block_n);
+  s.num_k_blocks = ceil_div(p.k, kGemmBlockK);
+  s.split_k = c.split_k;
+  s.k_blocks_per_split = c.k_blocks_per_split;
+  return s;
+}
+}  // namespace
+
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k);
@@ -199,34 +213,11 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, c.block_m);
   const CUtensorMap tma_b = p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
-  NormalScheduler<64> s64;
-  s64.m = p.m;
-  s64.num_m_blocks = ceil_div(p.m, c.block_m);
-  s64.num_n_blocks = ceil_div(p.n, c.block_n);
-  s64.num_k_blocks = ceil_div(p.k, kGemmBlockK);
-  s64.split_k = c.split_k;
-  s64.k_blocks_per_split = c.k_blocks_per_split;
-  NormalScheduler<128> s128;
-  s128.m = s64.m;
-  s128.num_m_blocks = s64.num_m_blocks;
-  s128.num_n_blocks = s64.num_n_blocks;
-  s128.num_k_blocks = s64.num_k_blocks;
-  s128.split_k = s64.split_k;
-  s128.k_blocks_per_split = s64.k_blocks_per_split;
-  NormalScheduler<192> s192;
-  s192.m = s64.m;
-  s192.num_m_blocks = ceil_div(p.m, 192);
-  s192.num_n_blocks = s64.num_n_blocks;
-  s192.num_k_blocks = s64.num_k_blocks;
-  s192.split_k = s64.split_k;
-  s192.k_blocks_per_split = s64.k_blocks_per_split;
-  NormalScheduler<256> s256;
-  s256.m = s64.m;
-  s256.num_m_blocks = ceil_div(p.m, 256);
-  s256.num_n_blocks = s64.num_n_blocks;
-  s256.num_k_blocks = s64.num_k_blocks;
-  s256.split_k = s64.split_k;
-  s256.k_blocks_per_split = s64.k_blocks_per_split;
+  // One scheduler per compiled tile height; each kernel takes the one of its BLOCK_M (256: 2-CTA cluster pairs).
+  const auto s64 = normal_scheduler<64>(p, c);
+  const auto s128 = normal_scheduler<128>(p, c);
+  const auto s192 = normal_scheduler<192>(p, c);
+  const auto s256 = normal_scheduler<256>(p, c);
 
   // A stream-ordered workspace (under graph capture) is freed on the stream whatever happens below.
   struct OwnedWorkspace {
