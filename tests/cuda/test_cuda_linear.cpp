@@ -203,6 +203,27 @@ TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// 192x128 tiles (three consumer warpgroups) over more tiles than SMs, so that CTAs carry their stage phases and
+// loader cursors from one tile to the next, with 64-row B scale blocks (the scale changes inside a tile) among the
+// recipes.
+TEST_F(CudaTest, ThreeConsumerWarpgroupsAcrossTiles) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7], recipes[9]};
+  setenv("FINEGEMM_GEMM_CONFIG", "192x128:1", 1);
+  for (const auto& recipe : kinds) {
+    const int64_t m = 1600, n = 2000, k = 256;  // 9 x 16 = 144 tiles
+    LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
+    Buffer ref(DType::BF16, {m, n});
+    LinearArgs ref_args = c.args;
+    ref_args.out = ref;
+    linear(ref_args, {Backend::Reference});
+    const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+    EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+    EXPECT_LE(cmp.rel, 3e-3) << recipe.name;
+  }
+  unsetenv("FINEGEMM_GEMM_CONFIG");
+}
+
 // FINEGEMM_GEMM_CHUNK_SCALES=1: the scale loaders store one B scale per 8-column chunk instead of one per column.
 // The consumers read chunk starts only, so the results are the same bits. 192-wide tiles over N = 1000 give both
 // places where a 128-column scale block changes inside a tile; 64x128 blocks change every 64 columns.
