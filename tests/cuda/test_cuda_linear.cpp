@@ -203,6 +203,36 @@ TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// FINEGEMM_GEMM_LEAN_EPILOGUE=1: BF16 out without column scale, bias or row weight takes a loop without the
+// per-element switches; same arithmetic, so the same bits. Cases that keep the general loop (bias, F32 out, the
+// per-channel recipe's column scales) are compared too, and the lean run is checked against the reference.
+TEST_F(CudaTest, LeanEpilogueSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[5], recipes[7], recipes[8], recipes[9]};
+  for (const char* config : {"", "64x64:1", "128x128:1", "128x192:1", "128x64:2"}) {
+    if (*config) setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    for (const auto& recipe : kinds) {
+      for (DType out : {DType::BF16, DType::F32}) {
+        for (bool bias : {false, true}) {
+          const int64_t m = 200, n = 1000, k = 640;
+          LinearCase c = make_case(recipe, m, n, k, DType::BF16, out, bias);
+          const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_LEAN_EPILOGUE", c.args);
+          EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " out=" << dtype_name(out) << " bias=" << bias;
+          if (out != DType::BF16 || bias || *config) continue;
+          Buffer ref(out, {m, n});
+          LinearArgs ref_args = c.args;
+          ref_args.out = ref;
+          linear(ref_args, {Backend::Reference});
+          const auto cmp = testing::compare(runs.on, ref);
+          EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+          EXPECT_LE(cmp.rel, 3e-3) << recipe.name;
+        }
+      }
+    }
+  }
+  unsetenv("FINEGEMM_GEMM_CONFIG");
+}
+
 // 192x128 tiles (three consumer warpgroups) over more tiles than SMs, so that CTAs carry their stage phases and
 // loader cursors from one tile to the next, with 64-row B scale blocks (the scale changes inside a tile) among the
 // recipes.

@@ -680,6 +680,30 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             }
             return;
           }
+          // p.lean_epilogue: BF16 out with no column scale, bias or row weight (the block recipes' common case)
+          // takes a loop without the per-element mode, dtype and bias switches. Same arithmetic: v · rs, the
+          // other factors being 1 and the bias +0.
+          if (p.lean_epilogue && p.out_dtype == OutDType::BF16 && p.col_mode == VecMode::None && p.bias_dtype < 0 &&
+              !p.row_weight) {
+            const int col_base = tile.n_block * BLOCK_N + col_in_chunk;
+            const int cols_left = p.n - col_base;  // chunk offsets below this are in range (N is even)
+            __nv_bfloat16* out0 = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(row0) * p.ldo + col_base;
+            __nv_bfloat16* out1 = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(row1) * p.ldo + col_base;
+            const bool in0 = row0 < tile.m_end, in1 = row1 < tile.m_end;
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; ++c) {
+              if (c * 8 >= cols_left) continue;
+              if (in0)
+                *reinterpret_cast<__nv_bfloat162*>(out0 + c * 8) =
+                    __floats2bfloat162_rn(__fadd_rn(__fmul_rn(result[c * 4], rs0), 0.0f),
+                                          __fadd_rn(__fmul_rn(result[c * 4 + 1], rs0), 0.0f));
+              if (in1)
+                *reinterpret_cast<__nv_bfloat162*>(out1 + c * 8) =
+                    __floats2bfloat162_rn(__fadd_rn(__fmul_rn(result[c * 4 + 2], rs1), 0.0f),
+                                          __fadd_rn(__fmul_rn(result[c * 4 + 3], rs1), 0.0f));
+            }
+            return;
+          }
           const float w0 = (p.row_weight && row0 < tile.m_end) ? p.row_weight[row0] : 1.0f;
           const float w1 = (p.row_weight && row1 < tile.m_end) ? p.row_weight[row1] : 1.0f;
 #pragma unroll

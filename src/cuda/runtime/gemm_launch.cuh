@@ -68,6 +68,12 @@ inline bool chunk_scales_requested() {
   return !(env && *env == '0');
 }
 
+// FINEGEMM_GEMM_LEAN_EPILOGUE=1: GemmParams::lean_epilogue (off until run on the H200).
+inline bool lean_epilogue_requested() {
+  const char* env = std::getenv("FINEGEMM_GEMM_LEAN_EPILOGUE");
+  return env && *env == '1';
+}
+
 // Recipes without K-granular scales (per-tensor, per-channel, per-token) run the promoting kernels with unit scales
 // when K > kFp32AccumMinK, so that the wgmma accumulator moves into FP32 registers every 128 of K, as for the block
 // recipes. Hopper's FP8 wgmma accumulates with fewer bits than FP32 (the DeepSeek-V3 report: about 14), and the error
