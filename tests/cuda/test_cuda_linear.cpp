@@ -76,6 +76,15 @@ Buffer run_on_gpu(const LinearArgs& host_args) {
   return out;
 }
 
+// The CPU reference's output for the same call, into a fresh [m, n] buffer of out_dtype.
+Buffer run_reference(const LinearArgs& args, DType out_dtype, int64_t m, int64_t n) {
+  Buffer ref(out_dtype, {m, n});
+  LinearArgs ref_args = args;
+  ref_args.out = ref;
+  linear(ref_args, {Backend::Reference});
+  return ref;
+}
+
 // The same call with a kernel switch (an environment variable) on ("1") and off ("0"); unset afterwards.
 struct SwitchRuns {
   Buffer on, off;
@@ -105,10 +114,7 @@ TEST_P(CudaLinearRecipes, MatchesReference) {
   const auto [m, n, k] = std::tuple{shapes[shape_index][0], shapes[shape_index][1], shapes[shape_index][2]};
   for (DType out_dtype : {DType::BF16, DType::F32}) {
     LinearCase c = make_case(recipe, m, n, k, DType::BF16, out_dtype, shape_index % 2 == 1);
-    Buffer ref(out_dtype, {m, n});
-    LinearArgs ref_args = c.args;
-    ref_args.out = ref;
-    linear(ref_args, {Backend::Reference});
+    const Buffer ref = run_reference(c.args, out_dtype, m, n);
     const Buffer got = run_on_gpu(c.args);
     const auto cmp = testing::compare(got, ref);
     EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k;
@@ -143,10 +149,7 @@ TEST_F(CudaTest, EveryTileConfig) {
       for (int64_t m : {1, 200, 700}) {
         const int64_t n = 400, k = 1024;
         LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
-        Buffer ref(DType::BF16, {m, n});
-        LinearArgs ref_args = c.args;
-        ref_args.out = ref;
-        linear(ref_args, {Backend::Reference});
+        const Buffer ref = run_reference(c.args, DType::BF16, m, n);
         const auto cmp = testing::compare(run_on_gpu(c.args), ref);
         EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m;
         EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m;
@@ -160,10 +163,7 @@ TEST_F(CudaTest, EveryTileConfig) {
       for (int64_t m : {1, 200}) {
         const int64_t n = 400, k = 1024;
         LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, m == 1);
-        Buffer ref(DType::BF16, {m, n});
-        LinearArgs ref_args = c.args;
-        ref_args.out = ref;
-        linear(ref_args, {Backend::Reference});
+        const Buffer ref = run_reference(c.args, DType::BF16, m, n);
         const auto cmp = testing::compare(run_on_gpu(c.args), ref);
         EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m;
         EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m;
@@ -190,10 +190,7 @@ TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
         const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_PINGPONG", c.args);
         EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " K=" << k;
         if (k > 1152) continue;  // NOTE: the CPU reference at K = 8192 took 2 minutes over the configs
-        Buffer ref(DType::F32, {m, n});
-        LinearArgs ref_args = c.args;
-        ref_args.out = ref;
-        linear(ref_args, {Backend::Reference});
+        const Buffer ref = run_reference(c.args, DType::F32, m, n);
         const auto cmp = testing::compare(runs.on, ref);
         EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " K=" << k;
         EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " K=" << k;
@@ -219,10 +216,7 @@ TEST_F(CudaTest, LeanEpilogueSameBits) {
           const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_LEAN_EPILOGUE", c.args);
           EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " out=" << dtype_name(out) << " bias=" << bias;
           if (out != DType::BF16 || bias || *config) continue;
-          Buffer ref(out, {m, n});
-          LinearArgs ref_args = c.args;
-          ref_args.out = ref;
-          linear(ref_args, {Backend::Reference});
+          const Buffer ref = run_reference(c.args, out, m, n);
           const auto cmp = testing::compare(runs.on, ref);
           EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
           EXPECT_LE(cmp.rel, 3e-3) << recipe.name;
@@ -243,10 +237,7 @@ TEST_F(CudaTest, ThreeConsumerWarpgroupsAcrossTiles) {
   for (const auto& recipe : kinds) {
     const int64_t m = 1600, n = 2000, k = 256;  // 9 x 16 = 144 tiles
     LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
-    Buffer ref(DType::BF16, {m, n});
-    LinearArgs ref_args = c.args;
-    ref_args.out = ref;
-    linear(ref_args, {Backend::Reference});
+    const Buffer ref = run_reference(c.args, DType::BF16, m, n);
     const auto cmp = testing::compare(run_on_gpu(c.args), ref);
     EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
     EXPECT_LE(cmp.rel, 3e-3) << recipe.name;
@@ -290,10 +281,7 @@ TEST_F(CudaTest, Fp32AccumulationOfUnscaledRecipes) {
       for (int64_t m : {64, 300}) {
         const int64_t n = 512;
         LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, true);
-        Buffer ref(DType::F32, {m, n});
-        LinearArgs ref_args = c.args;
-        ref_args.out = ref;
-        linear(ref_args, {Backend::Reference});
+        const Buffer ref = run_reference(c.args, DType::F32, m, n);
         const auto by_default = testing::compare(run_on_gpu(c.args), ref);
         const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_FP32_ACCUM", c.args);
         const auto plain = testing::compare(runs.off, ref);
@@ -324,10 +312,7 @@ TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
   LinearArgs pre = c.args;
   pre.x = xq;
   pre.x_scale = xs;
-  Buffer ref(DType::F16, {m, n});
-  LinearArgs ref_args = pre;
-  ref_args.out = ref;
-  linear(ref_args, {Backend::Reference});
+  const Buffer ref = run_reference(pre, DType::F16, m, n);
   const auto cmp = testing::compare(run_on_gpu(pre), ref);
   EXPECT_EQ(cmp.non_finite, 0);
   EXPECT_LE(cmp.rel, 3e-3);
