@@ -20,4 +20,9 @@ const char* backend_name(Backend backend);
 Backend parse_backend(const std::string& name);  // "ref"|"reference", "cpu", "cuda", "auto"
 bool cuda_available();                            // built with CUDA and a device is present
 
+// The scratch memory of CUDA calls comes from a pool per device that keeps what the calls free (as a framework's
+// caching allocator does), so that a call does not map its scratch afresh. This synchronizes the device and gives
+// its unused scratch back to CUDA; a no-op without CUDA. FINEGEMM_SCRATCH_POOL=default: CUDA's default pool instead.
+void release_cached_memory(int cuda_device);
+
 }  // namespace finegemm

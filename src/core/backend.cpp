@@ -8,6 +8,7 @@ namespace finegemm {
 #if FINEGEMM_WITH_CUDA
 namespace cuda {
 bool device_present();  // src/cuda/runtime/device.cu
+void release_scratch(int device);  // src/cuda/runtime/memory.cu
 }
 #endif
 
@@ -34,6 +35,14 @@ bool cuda_available() {
   return cuda::device_present();
 #else
   return false;
+#endif
+}
+
+void release_cached_memory(int cuda_device) {
+#if FINEGEMM_WITH_CUDA
+  if (cuda::device_present()) cuda::release_scratch(cuda_device);
+#else
+  (void)cuda_device;
 #endif
 }
 

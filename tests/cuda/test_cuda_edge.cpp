@@ -111,6 +111,27 @@ TEST_F(CudaEdge, LinearKNotMultipleOf128) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// The scratch pool: calls that take scratch (activation quantization, split-K partials), then
+// release_cached_memory(), then the same calls again: both within tolerance of the reference and the same bits.
+TEST_F(CudaEdge, ReleaseCachedMemoryBetweenCalls) {
+  const NamedRecipe recipe = recipe_of(WeightRecipe::block(), ActivationRecipe::per_token_group(128));
+  for (int64_t m : {1, 300}) {
+    const tools::LinearData data = tools::make_linear(rng(), recipe, {m, 512, 4096, false, DType::BF16});
+    const LinearArgs host_args = data.args(data.out.view);
+    const HostTensor ref = reference_linear(host_args);
+    const HostTensor first = run_linear_on_gpu(host_args);
+    release_cached_memory(0);
+    const HostTensor second = run_linear_on_gpu(host_args);
+    const auto cmp = tools::compare(first.view, ref.view);
+    EXPECT_TRUE(cmp.ok(tolerance(DType::BF16))) << describe(recipe, m, 512, 4096, DType::BF16) << " rel=" << cmp.rel;
+    EXPECT_EQ(0, std::memcmp(first.view.data, second.view.data,
+                             static_cast<size_t>(first.view.numel()) * dtype_size(first.view.dtype)))
+        << "M=" << m;
+  }
+  EXPECT_THROW(release_cached_memory(-1), Error);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // 2. An output view that starts one element into its allocation (not aligned for the kernel's paired stores):
 //    the right answer (by the host path), and the guard elements before and after the view left alone.
 TEST_F(CudaEdge, LinearOutMisalignedByOneElement) {

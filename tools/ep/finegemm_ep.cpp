@@ -461,9 +461,20 @@ std::string gpu_name(int device) {
 }
 
 int run_bench(EpGroup& group, uint64_t seed, const std::vector<int64_t>& token_list, int iters, Log& log,
-              const std::string& json_path) {
+              const std::string& json_path, bool default_pool) {
   const int rank = group.rank(), world = group.world(), device = group.device();
   EP_CUDA(cudaSetDevice(device));
+  // The layer allocates its scratch with cudaMallocAsync on the stream. CUDA's default pool gives memory back at
+  // every synchronization, and the EP layer synchronizes once per call (to read the counts): each call would then map
+  // gigabytes afresh, measured as milliseconds of "dispatch" at T = 4096 (2026-12-01). Like bench/cuda_moe.cpp (and
+  // a framework's caching allocator), keep what was freed; --default-pool leaves CUDA's default. Both the EP layer
+  // and the one-GPU layer it is compared with run under the same pool.
+  if (!default_pool) {
+    cudaMemPool_t pool;
+    EP_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t threshold = UINT64_MAX;
+    EP_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
   const int64_t hidden = 7168, inter = 2048, experts = 256, top_k = 8;
   HostTensor gate_up, gate_up_scale, down, down_scale;
   random_fp8_experts(seed ^ 0x6A7E, experts, 2 * inter, hidden, gate_up, gate_up_scale);
@@ -630,6 +641,7 @@ int main_impl(int argc, char** argv) {
   parser.option("iters", "N", "--bench: timed iterations (after 3 warm-up ones)", "20");
   parser.option("seed", "N", "random seed (default: from the NCCL id, shared by all ranks)");
   parser.option("json", "PATH", "--bench: append one JSON line per measurement to PATH");
+  parser.flag("default-pool", "--bench: leave CUDA's default memory pool (gives memory back at every synchronization)");
   if (!parser.parse(argc - 1, argv + 1)) return 0;
   const bool check = parser.has("check"), bench = parser.has("bench");
   if (check == bench) throw Error("finegemm-ep: give exactly one of --check and --bench");
@@ -647,7 +659,7 @@ int main_impl(int argc, char** argv) {
               std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)", devices);
 
   const auto run_rank = [&](EpGroup& group, uint64_t seed, Log& log) {
-    return check ? run_check(group, seed, filter, log) : run_bench(group, seed, token_list, iters, log, json_path);
+    return check ? run_check(group, seed, filter, log) : run_bench(group, seed, token_list, iters, log, json_path, parser.has("default-pool"));
   };
 
   if (parser.has("single-process")) {

@@ -29,12 +29,13 @@ inline ScaleFmt scale_fmt_of(ScaleFormat f) {
   return f == ScaleFormat::FP32 ? ScaleFmt::F32 : (f == ScaleFormat::UE8M0 ? ScaleFmt::UE8M0 : ScaleFmt::UE8M0_PACKED);
 }
 
+// finegemm's scratch pool of the current device (memory.cu): keeps what was freed.
+void* scratch_alloc(size_t bytes, cudaStream_t stream);
+
 // Stream-ordered scratch, freed on the stream (capturable in CUDA graphs).
 class StreamScratch {
  public:
-  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    FG_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes ? bytes : 16, stream));
-  }
+  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) { ptr_ = scratch_alloc(bytes ? bytes : 16, stream); }
   ~StreamScratch() { (void)cudaFreeAsync(ptr_, stream_); }
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;

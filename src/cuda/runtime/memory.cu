@@ -1,9 +1,66 @@
 // Plain device allocations and copies for DeviceBuffer (src/core/device_buffer.cpp).
 #include <cuda_runtime.h>
 
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
 #include "cuda/runtime/check.hpp"
 
 namespace finegemm::cuda {
+
+// The stream-ordered scratch of every call (StreamScratch) comes from a pool of finegemm's own per device that keeps
+// what was freed, as a framework's caching allocator does. NOTE: CUDA's default pool gives its free memory back at
+// every synchronization; a layer that synchronizes once per call (the EP layer reads its counts) then maps its
+// gigabytes of scratch afresh on every call: measured as milliseconds per call on the H200 (finegemm-ep --bench,
+// T = 4096 per rank, 2026-12-01). FINEGEMM_SCRATCH_POOL=default takes CUDA's default pool instead.
+cudaMemPool_t scratch_pool(int device) {
+  static std::mutex mutex;
+  static std::array<cudaMemPool_t, 64> pools{};
+  static const bool use_default = [] {
+    const char* v = std::getenv("FINEGEMM_SCRATCH_POOL");
+    return v && std::strcmp(v, "default") == 0;
+  }();
+  if (device < 0 || device >= static_cast<int>(pools.size())) throw Error("device: expected 0..63, got " + std::to_string(device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (pools[device]) return pools[device];
+  cudaMemPool_t pool = nullptr;
+  if (use_default) {
+    FG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  } else {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    FG_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    uint64_t threshold = UINT64_MAX;
+    FG_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  pools[device] = pool;
+  return pool;
+}
+
+void* scratch_alloc(size_t bytes, cudaStream_t stream) {
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  void* ptr = nullptr;
+  FG_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr, bytes, scratch_pool(device), stream));
+  return ptr;
+}
+
+void release_scratch(int device) {
+  int count = 0;
+  FG_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count)
+    throw Error("cuda_device: expected 0.." + std::to_string(count - 1) + ", got " + std::to_string(device));
+  const DeviceGuard guard(device);
+  FG_CUDA_CHECK(cudaDeviceSynchronize());
+  FG_CUDA_CHECK(cudaMemPoolTrimTo(scratch_pool(device), 0));
+}
 
 void* device_alloc(int device, size_t bytes) {
   const DeviceGuard guard(device);

@@ -7,6 +7,7 @@
 
 #include "cuda/kernels/splitk_reduce.cuh"
 #include "cuda/runtime/gemm_launch.cuh"
+#include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
 namespace finegemm::cuda {
@@ -123,20 +124,26 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
       }
     }
   } else {
-    // Prefill: cost = waves × tile area / efficiency of the tile width.
-    // NOTE: measured on the H200 (bench/results/split_n_2026-11-30_48fe691.json, block 128x128 dynamic), 128x128
-    // tiles beat 128x192 on every prefill shape: M=4096 N=7168 K=16384 867 vs 775 TFLOP/s, N=4096 K=7168 759 vs
-    // 596, N=24576 K=1536 461 vs 373, N=2112 K=7168 610 vs 580, M=512 702 vs 442. (An older kernel had them the
-    // other way round.) 128x64 keeps its old weight relative to 128x128.
+    // Prefill: cost = waves × tile area / efficiency of the tile shape.
+    // NOTE: measured on the H200, block 128x128 dynamic, M = 4096 (bench/results/configs_2026-12-01_4d33aed.json):
+    // 192x128 (three consumer warpgroups) beats 128x128 on every shape: N=7168 K=16384 933 vs 867 TFLOP/s, N=4096
+    // K=7168 790 vs 752, N=24576 K=1536 607 vs 477, N=2112 K=7168 821 vs 618; 128x128 beat 128x192 on all of them
+    // (867/752/477/618 vs 814/629/382/630, and M=512 702 vs 442 at 48fe691). 192x128 is compiled for 128-wide
+    // promotion and none; it is chosen for 128-wide promotion, where it was measured.
     double best = 1e300;
-    for (int bn : {64, 128, 192}) {
-      if (bn == 192 && promote_k == 32) continue;  // NOTE: 128x192 with 32-wide promotion spilled registers
-      const double efficiency = bn == 192 ? 0.85 : (bn == 128 ? 1.0 : 0.69);
-      const int tiles = ceil_div(m, c.block_m) * ceil_div(n, bn);
-      const double cost = static_cast<double>(ceil_div(tiles, num_sms)) * bn / efficiency;
+    struct Shape {
+      int bm, bn;
+      double efficiency;
+    };
+    for (const Shape t : {Shape{128, 64, 0.69}, Shape{128, 128, 1.0}, Shape{128, 192, 0.85}, Shape{192, 128, 1.15}}) {
+      if (t.bn == 192 && promote_k == 32) continue;  // NOTE: 128x192 with 32-wide promotion spilled registers
+      if (t.bm == 192 && promote_k != 128) continue;
+      const int tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
+      const double cost = static_cast<double>(ceil_div(tiles, num_sms)) * t.bm * t.bn / t.efficiency;
       if (cost < best) {
         best = cost;
-        c.block_n = bn;
+        c.block_m = t.bm;
+        c.block_n = t.bn;
       }
     }
     const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
@@ -206,8 +213,11 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (p.b_fp4) {
     c.stages = 0;  // set by the FP4 dispatch
-    if (c.cluster != 1) {  // no FP4 cluster kernel: plain CTAs
+    // FP4 kernels: 64 or 128 rows and columns, no clusters.
+    if (c.cluster != 1 || c.block_m > 128 || c.block_n > 128) {
       c.cluster = 1;
+      c.block_m = std::min(c.block_m, 128);
+      c.block_n = std::min(c.block_n, 128);
       c.grid = std::min(num_sms_of_device(device), ceil_div(p.m, c.block_m) * ceil_div(p.n, c.block_n) * c.split_k);
     }
   }
@@ -232,7 +242,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     const size_t bytes = sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n;
     p.workspace = cached_workspace(device, stream, bytes);
     if (!p.workspace) {
-      FG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&owned.ptr), bytes, stream));
+      owned.ptr = static_cast<float*>(scratch_alloc(bytes, stream));
       p.workspace = owned.ptr;
     }
   }
