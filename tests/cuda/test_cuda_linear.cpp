@@ -324,9 +324,7 @@ TEST_F(CudaTest, QuantizeActivationsBitExact) {
     DType dtype;
   };
   // 45x2048: whole blocks of vectors; 3x160 (60 vectors) and 7x384: a last block whose vectors are partly past the
-  // end (the group kernel takes two vectors per thread, or four with FINEGEMM_QUANT_VECS=4); F32 and F16 inputs too.
-  for (const char* vecs : {"2", "4"}) {
-  setenv("FINEGEMM_QUANT_VECS", vecs, 1);
+  // end (the group kernel takes two vectors per thread); F32 and F16 inputs too.
   for (const Shape shape : {Shape{45, 2048, DType::BF16}, Shape{3, 160, DType::F32}, Shape{7, 384, DType::F16}}) {
   for (const auto& recipe : {ActivationRecipe::per_token_group(128), ActivationRecipe::per_token_group(32, true),
                              ActivationRecipe::per_token(), ActivationRecipe::static_per_tensor()}) {
@@ -348,14 +346,10 @@ TEST_F(CudaTest, QuantizeActivationsBitExact) {
     synchronize(kGpu);
     copy_to_host(dq.view, q);
     copy_to_host(ds.view, s);
-    EXPECT_EQ(0, std::memcmp(q.bytes.data(), q_ref.bytes.data(), m * k))
-        << recipe.name() << " " << m << "x" << k << " vecs=" << vecs;
-    EXPECT_EQ(0, std::memcmp(s.bytes.data(), s_ref.bytes.data(), s.numel() * 4))
-        << recipe.name() << " " << m << "x" << k << " vecs=" << vecs;
+    EXPECT_EQ(0, std::memcmp(q.bytes.data(), q_ref.bytes.data(), m * k)) << recipe.name() << " " << m << "x" << k;
+    EXPECT_EQ(0, std::memcmp(s.bytes.data(), s_ref.bytes.data(), s.numel() * 4)) << recipe.name() << " " << m << "x" << k;
   }
   }
-  }
-  unsetenv("FINEGEMM_QUANT_VECS");
 }
 
 }  // namespace

@@ -1,29 +1,9 @@
-#include <cstdlib>
-
 #include "cuda/kernels/quant_activations.cuh"
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/quant_activations.hpp"
 
 namespace finegemm::cuda {
 namespace {
-
-int quant_vecs_requested() {
-  const char* env = std::getenv("FINEGEMM_QUANT_VECS");
-  return env && *env == '4' ? 4 : 2;
-}
-
-template <typename T, int kVecs>
-void launch_group(const T* x, int64_t num_vectors, const ActivationRecipe& recipe, uint8_t* x_q, float* x_scale,
-                  cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  const auto blocks = static_cast<unsigned>((num_vectors + kThreads * kVecs - 1) / (kThreads * kVecs));
-  if (recipe.group_size == 128)
-    quant_per_token_group_kernel<T, 128, kVecs><<<blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
-                                                                                 recipe.pow2_scale);
-  else
-    quant_per_token_group_kernel<T, 32, kVecs><<<blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
-                                                                                recipe.pow2_scale);
-}
 
 template <typename T>
 void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& recipe, uint8_t* x_q, float* x_scale,
@@ -32,17 +12,18 @@ void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& reci
   if (num_vectors == 0) return;
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>((num_vectors + kThreads - 1) / kThreads);
+  constexpr int kVecs = 2;  // vectors per thread in the group kernel
+  const auto group_blocks = static_cast<unsigned>((num_vectors + kThreads * kVecs - 1) / (kThreads * kVecs));
   switch (recipe.granularity) {
     case ActGranularity::PerTokenGroup:
-      if (recipe.group_size != 128 && recipe.group_size != 32)
+      if (recipe.group_size == 128)
+        quant_per_token_group_kernel<T, 128, kVecs><<<group_blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
+                                                                                           recipe.pow2_scale);
+      else if (recipe.group_size == 32)
+        quant_per_token_group_kernel<T, 32, kVecs><<<group_blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
+                                                                                          recipe.pow2_scale);
+      else
         throw Error("activation.group_size: expected 32 or 128, got " + std::to_string(recipe.group_size));
-      // Vectors of 8 per thread in the group kernel: 2, or 4 with FINEGEMM_QUANT_VECS=4 (for comparison on the
-      // device: group 128 measured 0.73-0.77 of the copy bandwidth with 2, against a bar of 0.80).
-      if (quant_vecs_requested() == 4) {
-        launch_group<T, 4>(x, num_vectors, recipe, x_q, x_scale, stream);
-      } else {
-        launch_group<T, 2>(x, num_vectors, recipe, x_q, x_scale, stream);
-      }
       break;
     case ActGranularity::PerToken: {
       const int threads = k >= 4096 ? 512 : 128;
