@@ -680,32 +680,48 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             }
             return;
           }
-          // p.lean_epilogue: BF16 out with no column scale, bias or row weight (the block recipes' common case)
-          // takes a loop without the per-element mode, dtype and bias switches. Same arithmetic: v · rs, the
-          // other factors being 1 and the bias +0.
-          if (p.lean_epilogue && p.out_dtype == OutDType::BF16 && p.col_mode == VecMode::None && p.bias_dtype < 0 &&
-              !p.row_weight) {
-            const int col_base = tile.n_block * BLOCK_N + col_in_chunk;
-            const int cols_left = p.n - col_base;  // chunk offsets below this are in range (N is even)
-            __nv_bfloat16* out0 = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(row0) * p.ldo + col_base;
-            __nv_bfloat16* out1 = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(row1) * p.ldo + col_base;
-            const bool in0 = row0 < tile.m_end, in1 = row1 < tile.m_end;
-#pragma unroll
-            for (int c = 0; c < BLOCK_N / 8; ++c) {
-              if (c * 8 >= cols_left) continue;
-              if (in0)
-                *reinterpret_cast<__nv_bfloat162*>(out0 + c * 8) =
-                    __floats2bfloat162_rn(__fadd_rn(__fmul_rn(result[c * 4], rs0), 0.0f),
-                                          __fadd_rn(__fmul_rn(result[c * 4 + 1], rs0), 0.0f));
-              if (in1)
-                *reinterpret_cast<__nv_bfloat162*>(out1 + c * 8) =
-                    __floats2bfloat162_rn(__fadd_rn(__fmul_rn(result[c * 4 + 2], rs1), 0.0f),
-                                          __fadd_rn(__fmul_rn(result[c * 4 + 3], rs1), 0.0f));
-            }
-            return;
-          }
           const float w0 = (p.row_weight && row0 < tile.m_end) ? p.row_weight[row0] : 1.0f;
           const float w1 = (p.row_weight && row1 < tile.m_end) ? p.row_weight[row1] : 1.0f;
+          // p.lean_epilogue (on unless FINEGEMM_GEMM_LEAN_EPILOGUE=0): no column scale and no bias (the block and
+          // group recipes, and the MoE down GEMM with its routing weights) take a loop per output dtype without the
+          // per-element mode, dtype and bias switches. Same arithmetic as the general loop below: (v · rs + 0) · w,
+          // the column scale being 1 and w 1 without row weights.
+          // NOTE: measured on the H200 at M = 4096 (192x128, BF16 out): K = 512 291 -> 448 TFLOP/s, K = 1536
+          // 613 -> 806, K = 2048 622 -> 747, K = 16384 957 -> 977 (bench/results/epilogue_2026-12-01_303b74c.json).
+          // NOTE: not for 256-wide tiles, where it made the dense 128x256 kernels spill (the heuristic never picks
+          // them; FINEGEMM_GEMM_CONFIG and 2-CTA clusters do).
+          if (BLOCK_N <= 192 && p.lean_epilogue && p.col_mode == VecMode::None && p.bias_dtype < 0) {
+            const int col_base = tile.n_block * BLOCK_N + col_in_chunk;
+            const int cols_left = p.n - col_base;  // chunk offsets below this are in range (N is even)
+            const int64_t off0 = static_cast<int64_t>(row0) * p.ldo + col_base;
+            const int64_t off1 = static_cast<int64_t>(row1) * p.ldo + col_base;
+            const bool in0 = row0 < tile.m_end, in1 = row1 < tile.m_end;
+            auto lean_store = [&](auto* out) {
+              using T = std::remove_pointer_t<decltype(out)>;
+#pragma unroll
+              for (int c = 0; c < BLOCK_N / 8; ++c) {
+                if (c * 8 >= cols_left) continue;
+                const float v0 = __fmul_rn(__fadd_rn(__fmul_rn(result[c * 4], rs0), 0.0f), w0);
+                const float v1 = __fmul_rn(__fadd_rn(__fmul_rn(result[c * 4 + 1], rs0), 0.0f), w0);
+                const float v2 = __fmul_rn(__fadd_rn(__fmul_rn(result[c * 4 + 2], rs1), 0.0f), w1);
+                const float v3 = __fmul_rn(__fadd_rn(__fmul_rn(result[c * 4 + 3], rs1), 0.0f), w1);
+                if constexpr (std::is_same_v<T, float>) {
+                  if (in0) *reinterpret_cast<float2*>(out + off0 + c * 8) = make_float2(v0, v1);
+                  if (in1) *reinterpret_cast<float2*>(out + off1 + c * 8) = make_float2(v2, v3);
+                } else if constexpr (std::is_same_v<T, __half>) {
+                  if (in0) *reinterpret_cast<__half2*>(out + off0 + c * 8) = __floats2half2_rn(v0, v1);
+                  if (in1) *reinterpret_cast<__half2*>(out + off1 + c * 8) = __floats2half2_rn(v2, v3);
+                } else {
+                  if (in0) *reinterpret_cast<__nv_bfloat162*>(out + off0 + c * 8) = __floats2bfloat162_rn(v0, v1);
+                  if (in1) *reinterpret_cast<__nv_bfloat162*>(out + off1 + c * 8) = __floats2bfloat162_rn(v2, v3);
+                }
+              }
+            };
+            if (p.out_dtype == OutDType::BF16) lean_store(static_cast<__nv_bfloat16*>(p.out));
+            else if (p.out_dtype == OutDType::F16) lean_store(static_cast<__half*>(p.out));
+            else lean_store(static_cast<float*>(p.out));
+            return;
+          }
 #pragma unroll
           for (int c = 0; c < BLOCK_N / 8; ++c) {
             const int i = c * 8 + col_in_chunk;

@@ -27,6 +27,14 @@ cudaMemPool_t scratch_pool(int device) {
   if (device < 0 || device >= static_cast<int>(pools.size())) throw Error("device: expected 0..63, got " + std::to_string(device));
   std::lock_guard<std::mutex> lock(mutex);
   if (pools[device]) return pools[device];
+  // NOTE: the first call may come while the caller captures a CUDA graph, where creating a pool is refused
+  // ("operation not permitted when stream is capturing", seen on the H200 at 303b74c): this thread relaxes its
+  // capture mode for the creation, which enqueues nothing on any stream.
+  struct RelaxedCapture {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+    ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  } relaxed;
   cudaMemPool_t pool = nullptr;
   if (use_default) {
     FG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
