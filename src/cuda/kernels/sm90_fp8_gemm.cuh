@@ -200,8 +200,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     return smem_scales + stage * (kScaleSubs * (BLOCK_M + BLOCK_N)) + kScaleSubs * BLOCK_M + sub * BLOCK_N;
   };
   // Fold: per-stage flags (1: folded, promote once) and the loader warps' tables and shifts.
-  uint8_t* fold_area = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_scheduler) + Scheduler::kSmemBytes + 15) & ~uintptr_t(15));
+  // NOTE: aligned by pointer arithmetic, not through an integer: a pointer rebuilt from an integer lost its shared
+  // address space, and the FP4 expansion loop read its table and shifts with generic loads (ncu, 303b74c).
+  uint8_t* const scheduler_end = reinterpret_cast<uint8_t*>(smem_scheduler) + Scheduler::kSmemBytes;
+  uint8_t* fold_area = scheduler_end + ((16u - (ptx::smem_addr(scheduler_end) & 15u)) & 15u);
   int* fold_flags = reinterpret_cast<int*>(fold_area);
 
   const int warpgroup = threadIdx.x / 128;
@@ -410,12 +412,19 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             const int b_row = min(tile_b_row<BLOCK_N>(p, c.tile.n_block, i), p.n - 1);
             const uint8_t* e = static_cast<const uint8_t*>(p.b_scale) + c.tile.group * p.b_scale_group_stride +
                                static_cast<int64_t>(b_row / p.b_block_n) * p.b_scale_stride_n;
+            // The four exponents in one 32-bit load where they are aligned and in range (else byte by byte).
+            const int q0 = k0 / 32;
             uint32_t word = 0;
+            if (q0 + 3 < p.b_scale_cols && (reinterpret_cast<uintptr_t>(e + q0) & 3u) == 0) {
+              word = *reinterpret_cast<const uint32_t*>(e + q0);
+            } else {
+#pragma unroll
+              for (int q = 0; q < 4; ++q) word |= static_cast<uint32_t>(e[min(q0 + q, p.b_scale_cols - 1)]) << (8 * q);
+            }
             int emax = 0, emin = 255;
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-              const int v = e[min(k0 / 32 + q, p.b_scale_cols - 1)];
-              word |= static_cast<uint32_t>(v) << (8 * q);
+              const int v = (word >> (8 * q)) & 0xFF;
               emax = max(emax, v);
               emin = min(emin, v);
             }
