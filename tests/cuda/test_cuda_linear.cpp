@@ -230,6 +230,32 @@ TEST_F(CudaTest, LeanEpilogueSameBits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// Warpgroups whose 64 rows all lie past M (M = 40: every warpgroup but the first; M = 200: warpgroups 1 and 2 of the
+// second 192-row tile, warpgroup 1 of the second 128-row tile) skip the tile's wgmma: the same bits as FINEGEMM_GEMM_SKIP_IDLE=0, and the
+// reference's values. 128x128 runs with pingpong off (pingpong ordering keeps every warpgroup issuing).
+TEST_F(CudaTest, IdleWarpgroupsSkipTheirWgmma) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7]};
+  setenv("FINEGEMM_GEMM_PINGPONG", "0", 1);
+  for (const char* config : {"192x128:1", "128x128:1", "128x256:1"}) {
+    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    for (const auto& recipe : kinds) {
+      if (std::string(config) != "128x128:1" && cuda::promotion_k(recipe.weight, recipe.activation) % 128 != 0) continue;
+      for (int64_t m : {40, 200}) {
+        const int64_t n = 640, k = 512;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, false);
+        const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_SKIP_IDLE", c.args);
+        EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " M=" << m;
+        const auto cmp = testing::compare(runs.on, run_reference(c.args, DType::BF16, m, n));
+        EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m;
+        EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m;
+      }
+    }
+  }
+  unsetenv("FINEGEMM_GEMM_CONFIG");
+  unsetenv("FINEGEMM_GEMM_PINGPONG");
+}
+
 // 192x128 tiles (three consumer warpgroups) over more tiles than SMs, so that CTAs carry their stage phases and
 // loader cursors from one tile to the next, with 64-row B scale blocks (the scale changes inside a tile) among the
 // recipes.

@@ -33,9 +33,11 @@ struct GemmParams {
   // The scale loader warps load one B scale per 8-column chunk where the scale blocks allow it (the consumers read
   // only each chunk's first column), not one per column. On unless FINEGEMM_GEMM_CHUNK_SCALES=0.
   bool chunk_scales = true;
-  // The Store epilogue's lean loop for BF16 out without column scale, bias or row weight (sm90_fp8_gemm.cuh).
-  // FINEGEMM_GEMM_LEAN_EPILOGUE=1; off until run on the H200.
-  bool lean_epilogue = false;
+  // The Store epilogue's lean loop for outputs without column scale or bias (sm90_fp8_gemm.cuh). On unless
+  // FINEGEMM_GEMM_LEAN_EPILOGUE=0.
+  bool lean_epilogue = true;
+  // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
+  bool skip_idle = true;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -542,6 +542,20 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       const TileInfo tile = tile_at(t);
       const int row0 = tile.m_row0 + row_in_tile;
       const int row1 = row0 + 8;
+      // A warpgroup whose 64 rows all lie past the tile's end (an expert's last rows, M's last tile) only waits for
+      // and releases the tile's stages: no wgmma, promotion or epilogue, so that the tensor cores run the other
+      // warpgroups' groups alone. Not with pingpong ordering (its barriers pair the warpgroups' issues).
+      // NOTE: a separate loop without wgmma; predicating the wgmma inside the mainloop made the 128x256 gate_up
+      // kernel spill 4956 bytes.
+      if (kNumConsumers > 1 && !ordered && p.skip_idle && tile.m_row0 + warpgroup * 64 >= tile.m_end) {
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
+          const int stage = iter % kNumStages;
+          ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
+          __syncwarp();
+          if (lane == 0) release(stage);
+        }
+        continue;
+      }
       // Rows past M read a valid row's scale; their results are never stored.
       const int scale_row0 = min(row0, p.m - 1), scale_row1 = min(row1, p.m - 1);
       // The B scales' pattern over the tile's 8-column chunks (block-scaled B: the scale changes at most once):

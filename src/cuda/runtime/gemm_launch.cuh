@@ -68,6 +68,12 @@ inline bool chunk_scales_requested() {
   return !(env && *env == '0');
 }
 
+// GemmParams::skip_idle: on; FINEGEMM_GEMM_SKIP_IDLE=0 turns it off (for comparison on the H200).
+inline bool skip_idle_requested() {
+  const char* env = std::getenv("FINEGEMM_GEMM_SKIP_IDLE");
+  return !(env && *env == '0');
+}
+
 // GemmParams::lean_epilogue: on (measured faster on the H200, same bits); FINEGEMM_GEMM_LEAN_EPILOGUE=0 turns it off.
 inline bool lean_epilogue_requested() {
   const char* env = std::getenv("FINEGEMM_GEMM_LEAN_EPILOGUE");
