@@ -354,6 +354,8 @@ NB_MODULE(_ext, m) {
       },
       "recipe"_a, "m"_a, "k"_a, "Shape of the activation scales of an [m, k] input: [m, k/group], [m] or [].");
   m.def("cuda_available", &fg::cuda_available, "Built with CUDA and a device is present.");
+  m.def("release_cached_memory", &fg::release_cached_memory, "cuda_device"_a,
+        "Synchronize the device and give finegemm's unused CUDA scratch memory back (a no-op without CUDA).");
   m.def("backend_name", &fg::backend_name, "backend"_a);
   m.def("parse_backend", &fg::parse_backend, "name"_a);
 

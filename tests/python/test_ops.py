@@ -262,3 +262,14 @@ def test_recipe_objects():
     assert finegemm.parse_backend("ref") == Backend.Reference
     with pytest.raises(ValueError, match="backend"):
         finegemm.parse_backend("tpu")
+
+
+def test_release_cached_memory():
+    # With a GPU: synchronizes and trims finegemm's scratch pool; a bad device index is a value error naming it.
+    # Without CUDA: a no-op.
+    if finegemm.cuda_available():
+        finegemm.release_cached_memory(0)
+        with pytest.raises(finegemm.FinegemmValueError, match="cuda_device"):
+            finegemm.release_cached_memory(-1)
+    else:
+        assert finegemm.release_cached_memory(0) is None
