@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -450,14 +451,9 @@ int main(int argc, char** argv) {
   }
   const int64_t t_max = *std::max_element(token_counts.begin(), token_counts.end());
 
-  // moe_experts allocates its scratch with cudaMallocAsync on the stream. By default the pool keeps what it freed
-  // (as a framework's caching allocator does); --default-pool leaves CUDA's default (release at every sync).
-  if (keep_pool) {
-    cudaMemPool_t pool;
-    CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
-    uint64_t threshold = UINT64_MAX;
-    CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  }
+  // moe_experts takes its scratch from finegemm's pool per device, which keeps what was freed (as a framework's
+  // caching allocator does); --default-pool makes it use CUDA's default pool (memory given back at every sync).
+  if (!keep_pool) setenv("FINEGEMM_SCRATCH_POOL", "default", 1);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t ev[6];

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -111,16 +112,25 @@ TEST_F(CudaEdge, LinearKNotMultipleOf128) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The scratch pool: calls that take scratch (activation quantization, split-K partials), then
-// release_cached_memory(), then the same calls again: both within tolerance of the reference and the same bits.
+// The scratch pool: linear calls that take scratch (activation quantization), then release_cached_memory(), then
+// the same calls again: within tolerance of the reference and the same bits. The pool holds memory before the
+// release and none after it.
 TEST_F(CudaEdge, ReleaseCachedMemoryBetweenCalls) {
   const NamedRecipe recipe = recipe_of(WeightRecipe::block(), ActivationRecipe::per_token_group(128));
+  const char* pool_env = std::getenv("FINEGEMM_SCRATCH_POOL");
+  const bool own_pool = !(pool_env && std::string(pool_env) == "default");
   for (int64_t m : {1, 300}) {
     const tools::LinearData data = tools::make_linear(rng(), recipe, {m, 512, 4096, false, DType::BF16});
     const LinearArgs host_args = data.args(data.out.view);
     const HostTensor ref = reference_linear(host_args);
     const HostTensor first = run_linear_on_gpu(host_args);
+    ASSERT_TRUE(cuda::scratch_pool_created(0));
+    uint64_t reserved = 0;
+    ASSERT_EQ(cudaMemPoolGetAttribute(cuda::scratch_pool(0), cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+    if (own_pool) EXPECT_GT(reserved, 0u) << "M=" << m << ": the pool kept nothing of the call's scratch";
     release_cached_memory(0);
+    ASSERT_EQ(cudaMemPoolGetAttribute(cuda::scratch_pool(0), cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+    EXPECT_EQ(reserved, 0u) << "M=" << m << ": memory left in the pool after release_cached_memory";
     const HostTensor second = run_linear_on_gpu(host_args);
     const auto cmp = tools::compare(first.view, ref.view);
     EXPECT_TRUE(cmp.ok(tolerance(DType::BF16))) << describe(recipe, m, 512, 4096, DType::BF16) << " rel=" << cmp.rel;

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "cli_util.hpp"
@@ -167,6 +168,34 @@ TEST_F(CudaMoe, SkewedRoutingEmptyExpertsAndOneExpertTakesAll) {
       EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " H=" << cs.hidden << " E=" << cs.experts << " k=" << cs.top_k
                                 << " dup=" << cs.duplicates << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite
                                 << " first bad tokens:" << bad_tokens;
+    }
+  }
+}
+
+// The down GEMM's lean Store epilogue (routing weights as row weights) and the gate_up kernel's idle-warpgroup
+// skipping (T = 300 over 16 experts leaves partial 128-row tiles): the same bits with each switched off, for
+// bf16 and fp16 outputs, and within tolerance of the reference.
+TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
+  for (DType out_dtype : {DType::BF16, DType::F16}) {
+    MoeProblem problem;
+    problem.tokens = 300;
+    problem.hidden = 512;
+    problem.inter = 256;
+    problem.experts = 16;
+    problem.top_k = 8;
+    problem.out_dtype = out_dtype;
+    const auto masters = tools::make_moe_masters(rng(), problem);
+    auto data = tools::make_moe(rng(), all_recipes()[0], problem, masters);
+    HostTensor on;
+    const auto cmp = run_and_compare(data, &on);
+    EXPECT_EQ(cmp.non_finite, 0) << dtype_name(out_dtype);
+    EXPECT_LE(cmp.rel, 1e-2) << dtype_name(out_dtype);
+    for (const char* env : {"FINEGEMM_GEMM_LEAN_EPILOGUE", "FINEGEMM_GEMM_SKIP_IDLE"}) {
+      setenv(env, "0", 1);
+      HostTensor off;
+      run_and_compare(data, &off);
+      unsetenv(env);
+      EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size())) << env << " " << dtype_name(out_dtype);
     }
   }
 }

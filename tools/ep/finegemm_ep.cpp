@@ -461,20 +461,9 @@ std::string gpu_name(int device) {
 }
 
 int run_bench(EpGroup& group, uint64_t seed, const std::vector<int64_t>& token_list, int iters, Log& log,
-              const std::string& json_path, bool default_pool) {
+              const std::string& json_path) {
   const int rank = group.rank(), world = group.world(), device = group.device();
   EP_CUDA(cudaSetDevice(device));
-  // The layer allocates its scratch with cudaMallocAsync on the stream. CUDA's default pool gives memory back at
-  // every synchronization, and the EP layer synchronizes once per call (to read the counts): each call would then map
-  // gigabytes afresh, measured as milliseconds of "dispatch" at T = 4096 (2026-12-01). Like bench/cuda_moe.cpp (and
-  // a framework's caching allocator), keep what was freed; --default-pool leaves CUDA's default. Both the EP layer
-  // and the one-GPU layer it is compared with run under the same pool.
-  if (!default_pool) {
-    cudaMemPool_t pool;
-    EP_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
-    uint64_t threshold = UINT64_MAX;
-    EP_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  }
   const int64_t hidden = 7168, inter = 2048, experts = 256, top_k = 8;
   HostTensor gate_up, gate_up_scale, down, down_scale;
   random_fp8_experts(seed ^ 0x6A7E, experts, 2 * inter, hidden, gate_up, gate_up_scale);
@@ -641,10 +630,16 @@ int main_impl(int argc, char** argv) {
   parser.option("iters", "N", "--bench: timed iterations (after 3 warm-up ones)", "20");
   parser.option("seed", "N", "random seed (default: from the NCCL id, shared by all ranks)");
   parser.option("json", "PATH", "--bench: append one JSON line per measurement to PATH");
-  parser.flag("default-pool", "--bench: leave CUDA's default memory pool (gives memory back at every synchronization)");
+  parser.flag("default-pool", "--bench: scratch from CUDA's default memory pool (gives memory back at every synchronization)");
   if (!parser.parse(argc - 1, argv + 1)) return 0;
   const bool check = parser.has("check"), bench = parser.has("bench");
   if (check == bench) throw Error("finegemm-ep: give exactly one of --check and --bench");
+  // The layer takes its scratch from finegemm's pool per device, which keeps what was freed. With CUDA's default
+  // pool (--default-pool: memory given back at every synchronization, and the EP layer synchronizes once per call)
+  // each call mapped gigabytes afresh: 4.7 ms of "dispatch" at T = 4096 on the H200 (2026-12-01). The EP layer and
+  // the one-GPU layer it is compared with run under the same pool. NOTE: read at the first scratch allocation; set
+  // here, before any rank's thread starts.
+  if (parser.has("default-pool")) setenv("FINEGEMM_SCRATCH_POOL", "default", 1);
   int devices = 0;
   EP_CUDA(cudaGetDeviceCount(&devices));
   const std::string filter = parser.has("cases") ? parser.get("cases") : "";
@@ -659,7 +654,7 @@ int main_impl(int argc, char** argv) {
               std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)", devices);
 
   const auto run_rank = [&](EpGroup& group, uint64_t seed, Log& log) {
-    return check ? run_check(group, seed, filter, log) : run_bench(group, seed, token_list, iters, log, json_path, parser.has("default-pool"));
+    return check ? run_check(group, seed, filter, log) : run_bench(group, seed, token_list, iters, log, json_path);
   };
 
   if (parser.has("single-process")) {

@@ -31,6 +31,8 @@ inline ScaleFmt scale_fmt_of(ScaleFormat f) {
 
 // finegemm's scratch pool of the current device (memory.cu): keeps what was freed.
 void* scratch_alloc(size_t bytes, cudaStream_t stream);
+cudaMemPool_t scratch_pool(int device);   // created on first use
+bool scratch_pool_created(int device);
 
 // Stream-ordered scratch, freed on the stream (capturable in CUDA graphs).
 class StreamScratch {

@@ -16,16 +16,25 @@ namespace finegemm::cuda {
 // what was freed, as a framework's caching allocator does. NOTE: CUDA's default pool gives its free memory back at
 // every synchronization; a layer that synchronizes once per call (the EP layer reads its counts) then maps its
 // gigabytes of scratch afresh on every call: measured as milliseconds per call on the H200 (finegemm-ep --bench,
-// T = 4096 per rank, 2026-12-01). FINEGEMM_SCRATCH_POOL=default takes CUDA's default pool instead.
+// T = 4096 per rank, 2026-12-01). FINEGEMM_SCRATCH_POOL=default takes the device's current pool instead (the one
+// cudaMallocAsync uses). The memory kept is what the largest call needed; release_cached_memory() gives it back.
+namespace {
+std::mutex pool_mutex;
+std::array<cudaMemPool_t, 64> pools{};
+}  // namespace
+
+bool scratch_pool_created(int device) {
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  return device >= 0 && device < static_cast<int>(pools.size()) && pools[device] != nullptr;
+}
+
 cudaMemPool_t scratch_pool(int device) {
-  static std::mutex mutex;
-  static std::array<cudaMemPool_t, 64> pools{};
   static const bool use_default = [] {
     const char* v = std::getenv("FINEGEMM_SCRATCH_POOL");
     return v && std::strcmp(v, "default") == 0;
   }();
   if (device < 0 || device >= static_cast<int>(pools.size())) throw Error("device: expected 0..63, got " + std::to_string(device));
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(pool_mutex);
   if (pools[device]) return pools[device];
   // NOTE: the first call may come while the caller captures a CUDA graph, where creating a pool is refused
   // ("operation not permitted when stream is capturing", seen on the H200 at 303b74c): this thread relaxes its
@@ -37,7 +46,7 @@ cudaMemPool_t scratch_pool(int device) {
   } relaxed;
   cudaMemPool_t pool = nullptr;
   if (use_default) {
-    FG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    FG_CUDA_CHECK(cudaDeviceGetMemPool(&pool, device));  // the pool plain cudaMallocAsync uses
   } else {
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
@@ -46,7 +55,11 @@ cudaMemPool_t scratch_pool(int device) {
     props.location.id = device;
     FG_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
     uint64_t threshold = UINT64_MAX;
-    FG_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    const cudaError_t status = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (status != cudaSuccess) {
+      (void)cudaMemPoolDestroy(pool);
+      FG_CUDA_CHECK(status);
+    }
   }
   pools[device] = pool;
   return pool;
@@ -65,6 +78,8 @@ void release_scratch(int device) {
   FG_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (device < 0 || device >= count)
     throw Error("cuda_device: expected 0.." + std::to_string(count - 1) + ", got " + std::to_string(device));
+  // A device finegemm has not allocated scratch on is left alone (no context, no pool, no synchronization).
+  if (!scratch_pool_created(device)) return;
   const DeviceGuard guard(device);
   FG_CUDA_CHECK(cudaDeviceSynchronize());
   FG_CUDA_CHECK(cudaMemPoolTrimTo(scratch_pool(device), 0));
