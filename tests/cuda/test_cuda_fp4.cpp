@@ -495,6 +495,15 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
     const ScopedGemmConfig scope(config);
     check_exact(target, gpu, config.empty() ? name : name + " (FINEGEMM_GEMM_CONFIG=" + config + ")", w);
   }
+  if (!gpu) return;
+  // The loader warps' batched E2M1 expansion (FINEGEMM_FP4_BATCHED_EXPAND=1, off by default) on the decode and
+  // prefill tiles: the same exact results.
+  setenv("FINEGEMM_FP4_BATCHED_EXPAND", "1", 1);
+  for (const std::string config : {"", "64x64:1", "128x128:1"}) {
+    const ScopedGemmConfig scope(config);
+    check_exact(target, gpu, name + " (FINEGEMM_FP4_BATCHED_EXPAND=1, FINEGEMM_GEMM_CONFIG=" + config + ")", w);
+  }
+  unsetenv("FINEGEMM_FP4_BATCHED_EXPAND");
 }
 
 // Why the crafted spreads sit where they do: E4M3 holds every E2M1 value · 2^-d for d ≤ 8 (down to its smallest

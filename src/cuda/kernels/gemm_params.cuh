@@ -38,6 +38,9 @@ struct GemmParams {
   bool lean_epilogue = true;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
+  // FP4 B: the loader warps expand four items per lane per round, all loads before any store
+  // (FINEGEMM_FP4_BATCHED_EXPAND=1; off until run on the H200).
+  bool fp4_batched_expand = false;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

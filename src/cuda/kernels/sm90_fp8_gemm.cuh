@@ -469,14 +469,46 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           ptx::mbar_wait(&raw_full[stage], (c.iter / kNumStages) & 1);
           const uint8_t* raw = smem_raw_b + stage * Smem::kStageRawB;
           uint8_t* dst = smem_b + stage * Smem::kStageB;
+          if (p.fp4_batched_expand) {
+            // Two items per lane per round (four spilled in the grouped FP4 kernels): every shared load of the round (packed bytes, shifts, tables) before
+            // any store. NOTE: the loop below issues one item's loads after the previous item's store (the compiler
+            // cannot tell the store from the next loads apart), so each item waits out two dependent shared-memory
+            // latencies; the ncu profile of FP4 decode (303b74c) has the loader warps as the bottleneck.
+            constexpr int kBatch = 2;
+            static_assert((BLOCK_N * 8) % (32 * kBatch) == 0, "whole rounds of 32 lanes x kBatch items");
+#pragma unroll 1
+            for (int base = lane; base < BLOCK_N * 8; base += 32 * kBatch) {
+              uint2 packed[kBatch], table[kBatch];
+              uint32_t shift[kBatch];
+#pragma unroll
+              for (int u = 0; u < kBatch; ++u) {
+                const int item = base + 32 * u, r = item >> 3, j = item & 7;
+                packed[u] = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
+                shift[u] = kFold ? fold_shift[r] : 0u;
+              }
+#pragma unroll
+              for (int u = 0; u < kBatch; ++u) {
+                const int j = (base + 32 * u) & 7;
+                table[u] = kFold ? fold_table[(shift[u] >> (8 * (j >> 1))) & 0xFF] : make_uint2(0x3C383000u, 0x4C484440u);
+              }
+#pragma unroll
+              for (int u = 0; u < kBatch; ++u) {
+                const int item = base + 32 * u, r = item >> 3, j = item & 7;
+                const uint2 lo = e2m1x8_to_e4m3x8(packed[u].x, table[u].x, table[u].y);
+                const uint2 hi = e2m1x8_to_e4m3x8(packed[u].y, table[u].x, table[u].y);
+                *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+              }
+            }
+          } else {
 #pragma unroll 4
-          for (int item = lane; item < BLOCK_N * 8; item += 32) {
-            const int r = item >> 3, j = item & 7;
-            const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
-            uint2 table = make_uint2(0x3C383000u, 0x4C484440u);
-            if constexpr (kFold) table = fold_table[(fold_shift[r] >> (8 * (j >> 1))) & 0xFF];  // 16-byte chunk j: group j/2
-            const uint2 lo = e2m1x8_to_e4m3x8(packed.x, table.x, table.y), hi = e2m1x8_to_e4m3x8(packed.y, table.x, table.y);
-            *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+            for (int item = lane; item < BLOCK_N * 8; item += 32) {
+              const int r = item >> 3, j = item & 7;
+              const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
+              uint2 table = make_uint2(0x3C383000u, 0x4C484440u);
+              if constexpr (kFold) table = fold_table[(fold_shift[r] >> (8 * (j >> 1))) & 0xFF];  // 16-byte chunk j: group j/2
+              const uint2 lo = e2m1x8_to_e4m3x8(packed.x, table.x, table.y), hi = e2m1x8_to_e4m3x8(packed.y, table.x, table.y);
+              *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+            }
           }
           ptx::fence_proxy_async_shared();
           if constexpr (kFold) __syncwarp();  // every lane has read this stage's shifts before they are rewritten

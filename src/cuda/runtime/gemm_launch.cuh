@@ -68,6 +68,12 @@ inline bool chunk_scales_requested() {
   return !(env && *env == '0');
 }
 
+// GemmParams::fp4_batched_expand: FINEGEMM_FP4_BATCHED_EXPAND=1 (off until run on the H200).
+inline bool fp4_batched_expand_requested() {
+  const char* env = std::getenv("FINEGEMM_FP4_BATCHED_EXPAND");
+  return env && *env == '1';
+}
+
 // GemmParams::skip_idle: on; FINEGEMM_GEMM_SKIP_IDLE=0 turns it off (for comparison on the H200).
 inline bool skip_idle_requested() {
   const char* env = std::getenv("FINEGEMM_GEMM_SKIP_IDLE");

@@ -208,6 +208,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   p.chunk_scales = chunk_scales_requested();
   p.lean_epilogue = lean_epilogue_requested();
   p.skip_idle = skip_idle_requested();
+  p.fp4_batched_expand = fp4_batched_expand_requested();
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int promote_k = !promote ? 0 : (p.promote_k % 128 == 0 ? 128 : 32);

@@ -39,6 +39,7 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   p.chunk_scales = chunk_scales_requested();
   p.lean_epilogue = lean_epilogue_requested();
   p.skip_idle = skip_idle_requested();
+  p.fp4_batched_expand = fp4_batched_expand_requested();
   if (layout.num_groups > kMaxGroupedExperts)
     throw Error("num_experts: the grouped GEMM takes at most " + std::to_string(kMaxGroupedExperts) + " experts, got " +
                 std::to_string(layout.num_groups));
