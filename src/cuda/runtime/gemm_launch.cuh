@@ -46,44 +46,36 @@ inline CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int6
   return map;
 }
 
+// A comparison switch: the variable's value '1' or '0' turns the feature on or off; unset (or anything else) keeps
+// its default.
+inline bool env_switch(const char* name, bool default_on) {
+  const char* env = std::getenv(name);
+  if (env && *env == '1') return true;
+  if (env && *env == '0') return false;
+  return default_on;
+}
+
 // FP4 B with byte UE8M0 1x32 scales and A constant over each 128 of K: the fold kernels (GemmSmem), which promote
 // once per 128 where a K block's scales spread ≤ 8 binades. FINEGEMM_FP4_FOLD=0 turns them off (comparisons).
 inline bool fp4_fold(const GemmParams& p) {
-  const char* env = std::getenv("FINEGEMM_FP4_FOLD");
-  if (env && *env == '0') return false;
+  if (!env_switch("FINEGEMM_FP4_FOLD", true)) return false;
   return p.b_fp4 && p.b_scale_fmt == ScaleFmt::UE8M0 && p.b_block_k == 32 && p.b_block_n == 1 &&
          (p.a_scale == nullptr || p.a_group % 128 == 0);
 }
 
-// FINEGEMM_GEMM_PINGPONG=0: the two consumer warpgroups issue their wgmma without taking turns (comparisons).
-inline bool pingpong_requested() {
-  const char* env = std::getenv("FINEGEMM_GEMM_PINGPONG");
-  return !(env && *env == '0');
-}
-
-// GemmParams::chunk_scales, on by default: M=4096 N=7168 K=16384 812 vs 766 TFLOP/s, N=4096 K=7168 623 vs 589 on
-// the H200 (gpu-check bench-accum, 48fe691). FINEGEMM_GEMM_CHUNK_SCALES=0 turns it off (comparisons).
-inline bool chunk_scales_requested() {
-  const char* env = std::getenv("FINEGEMM_GEMM_CHUNK_SCALES");
-  return !(env && *env == '0');
-}
-
-// GemmParams::fp4_batched_expand: FINEGEMM_FP4_BATCHED_EXPAND=1 (off until run on the H200).
-inline bool fp4_batched_expand_requested() {
-  const char* env = std::getenv("FINEGEMM_FP4_BATCHED_EXPAND");
-  return env && *env == '1';
-}
-
-// GemmParams::skip_idle: on; FINEGEMM_GEMM_SKIP_IDLE=0 turns it off (for comparison on the H200).
-inline bool skip_idle_requested() {
-  const char* env = std::getenv("FINEGEMM_GEMM_SKIP_IDLE");
-  return !(env && *env == '0');
-}
-
-// GemmParams::lean_epilogue: on (measured faster on the H200, same bits); FINEGEMM_GEMM_LEAN_EPILOGUE=0 turns it off.
-inline bool lean_epilogue_requested() {
-  const char* env = std::getenv("FINEGEMM_GEMM_LEAN_EPILOGUE");
-  return !(env && *env == '0');
+// The kernel switches of GemmParams, from the environment (dense and grouped launches alike):
+// - pingpong (on; FINEGEMM_GEMM_PINGPONG=0): the two consumer warpgroups issue their wgmma in turns.
+// - chunk_scales (on; FINEGEMM_GEMM_CHUNK_SCALES=0): one B scale per 8-column chunk. M=4096 N=7168 K=16384 812 vs
+//   766 TFLOP/s, N=4096 K=7168 623 vs 589 on the H200 (gpu-check bench-accum, 48fe691).
+// - lean_epilogue (on; FINEGEMM_GEMM_LEAN_EPILOGUE=0): measured faster on the H200, same bits.
+// - skip_idle (on; FINEGEMM_GEMM_SKIP_IDLE=0): warpgroups with no rows in a tile skip its wgmma.
+// - fp4_batched_expand (off until run on the H200; FINEGEMM_FP4_BATCHED_EXPAND=1).
+inline void apply_env_switches(GemmParams& p) {
+  p.pingpong = env_switch("FINEGEMM_GEMM_PINGPONG", true);
+  p.chunk_scales = env_switch("FINEGEMM_GEMM_CHUNK_SCALES", true);
+  p.lean_epilogue = env_switch("FINEGEMM_GEMM_LEAN_EPILOGUE", true);
+  p.skip_idle = env_switch("FINEGEMM_GEMM_SKIP_IDLE", true);
+  p.fp4_batched_expand = env_switch("FINEGEMM_FP4_BATCHED_EXPAND", false);
 }
 
 // Recipes without K-granular scales (per-tensor, per-channel, per-token) run the promoting kernels with unit scales
@@ -98,10 +90,7 @@ inline bool lean_epilogue_requested() {
 // has not run on the H200 yet (grouped = true).
 inline constexpr int kFp32AccumMinK = 4096;
 inline bool fp32_accum_wanted(int k, bool grouped = false) {
-  const char* env = std::getenv("FINEGEMM_GEMM_FP32_ACCUM");
-  if (env && *env == '1') return true;
-  if (env && *env == '0') return false;
-  return !grouped && k > kFp32AccumMinK;
+  return env_switch("FINEGEMM_GEMM_FP32_ACCUM", !grouped && k > kFp32AccumMinK);
 }
 
 inline constexpr int kMaxDevices = 64;

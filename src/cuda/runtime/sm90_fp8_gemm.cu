@@ -204,11 +204,7 @@ NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmCo
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k);
-  p.pingpong = pingpong_requested();
-  p.chunk_scales = chunk_scales_requested();
-  p.lean_epilogue = lean_epilogue_requested();
-  p.skip_idle = skip_idle_requested();
-  p.fp4_batched_expand = fp4_batched_expand_requested();
+  apply_env_switches(p);
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int promote_k = !promote ? 0 : (p.promote_k % 128 == 0 ? 128 : 32);

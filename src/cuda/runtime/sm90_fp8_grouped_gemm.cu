@@ -35,11 +35,7 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                                   Epilogue epilogue, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || layout.num_groups == 0) return;
-  p.pingpong = pingpong_requested();
-  p.chunk_scales = chunk_scales_requested();
-  p.lean_epilogue = lean_epilogue_requested();
-  p.skip_idle = skip_idle_requested();
-  p.fp4_batched_expand = fp4_batched_expand_requested();
+  apply_env_switches(p);
   if (layout.num_groups > kMaxGroupedExperts)
     throw Error("num_experts: the grouped GEMM takes at most " + std::to_string(kMaxGroupedExperts) + " experts, got " +
                 std::to_string(layout.num_groups));
