@@ -490,12 +490,34 @@ struct ScopedGemmConfig {
   ScopedGemmConfig& operator=(const ScopedGemmConfig&) = delete;
 };
 
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (!value.empty()) setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 void check_exact_every_config(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& w) {
   for (const std::string& config : tile_configs(gpu)) {
     const ScopedGemmConfig scope(config);
+    // M ≤ 64 goes to the FP4 decode kernel (sm90_fp4_decode.cuh) unless FINEGEMM_FP4_DECODE=0: a forced tile config
+    // tests the general kernel at every M.
+    const ScopedEnv general("FINEGEMM_FP4_DECODE", config.empty() ? "" : "0");
     check_exact(target, gpu, config.empty() ? name : name + " (FINEGEMM_GEMM_CONFIG=" + config + ")", w);
   }
   if (!gpu) return;
+  // The decode kernel without split-K (the epilogue stores y), with a forced split of 3 (partials and the reduce),
+  // and with unswizzled weight tiles.
+  for (const auto& [env, value] : std::vector<std::pair<const char*, std::string>>{
+           {"FINEGEMM_FP4_DECODE_SPLIT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}}) {
+    const ScopedEnv scope(env, value);
+    check_exact(target, gpu, name + " (" + env + "=" + value + ")", w);
+  }
   // The loader warps' batched E2M1 expansion (FINEGEMM_FP4_BATCHED_EXPAND=1, off by default) on the decode and
   // prefill tiles: the same exact results.
   setenv("FINEGEMM_FP4_BATCHED_EXPAND", "1", 1);

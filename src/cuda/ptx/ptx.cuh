@@ -23,6 +23,10 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) { (void)cp::mbarrier_
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   (void)cp::mbarrier_arrive_expect_tx(cp::sem_release, cp::scope_cta, cp::space_shared, bar, bytes);
 }
+// Adds expected transaction bytes without arriving (the arrivals come later, after the thread's own shared writes).
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  cp::mbarrier_expect_tx(cp::sem_relaxed, cp::scope_cta, cp::space_shared, bar, bytes);
+}
 // Make freshly initialised barriers visible to the async proxy (TMA) before first use.
 __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

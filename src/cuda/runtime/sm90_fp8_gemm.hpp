@@ -28,6 +28,21 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms);
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
                           cudaStream_t stream);
 
+// FP4 weights at M ≤ 64 (sm90_fp4_decode.cuh): swap AB, weights expanded in registers. FINEGEMM_FP4_DECODE=0 sends
+// them to the general kernel instead; FINEGEMM_FP4_DECODE_SPLIT=n forces the split.
+struct Fp4DecodeConfig {
+  int wn = 8;  // token columns of the wgmma (M rounded up to 8, 16, 32 or 64)
+  int tiles = 0;
+  int split_k = 1;
+  int kb_per_split = 0;
+  bool swizzle = true;  // 64-byte swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
+};
+int fp4_decode_width(int m);
+Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device);
+// p.workspace set: partials for splitk_reduce_kernel (c.split_k > 1).
+void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
+                            const Fp4DecodeConfig& c, cudaStream_t stream);
+
 // Grouped GEMM (MoE experts), rows per expert read on the device (graph-capturable, no host sync).
 struct GroupedLayout {
   const int32_t* offsets = nullptr;  // contiguous: [groups + 1] row offsets (device)

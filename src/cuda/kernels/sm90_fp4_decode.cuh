@@ -1,0 +1,266 @@
+// The sm_90a decode GEMM for FP4 weights (M ≤ 64 tokens): y[M, N] = x[M, K] · W[N, K]ᵀ with E4M3 x (per-token-group,
+// per-token or static scales) and packed E2M1 W (two per byte, low nibble first) with MX 1x32 scales (UE8M0, packed
+// UE8M0 or FP32).
+//
+// Swap AB: the weights are the wgmma's A operand, 64 weight rows per warpgroup, and the tokens its N (WN = 8, 16, 32
+// or 64 columns, from shared memory). A comes from registers: each consumer thread reads the packed bytes of its
+// fragment from the TMA-loaded tile and expands them to E4M3 in registers (exact), so no expanded copy of the weights
+// is written to shared memory and the expansion is ALU work spread over 128 threads. The general kernel
+// (sm90_fp8_gemm.cuh) expands into shared memory with three loader warps, which bounded FP4 decode at 0.53 TB/s.
+//
+// CTA: one consumer warpgroup (warps 0-3) and a producer warp (warp 4).
+//   - Producer: per 128-wide K block, TMA loads of the packed weight tile (64 rows × 64 bytes, 64-byte swizzle) and
+//     the activation tile (WN rows × 128 bytes, 128-byte swizzle, rows past M zero-filled), and the block's scales
+//     staged in shared memory as floats: weight scales [4 groups][64 rows], activation scales [4 groups][WN tokens].
+//     Its global scale loads are issued two blocks ahead, so that their latency overlaps.
+//   - Consumers: per 32-wide step (one MX group), wgmma m64nWNk32 into a fresh accumulator (two alternate, so one
+//     step's wgmma runs while the other is promoted), then sum += acc · w_scale[row]; at the end of each activation
+//     group (32, 64 or 128 wide), total += sum · x_scale[token]. Exact for any spread of the weight scales.
+// Work: one CTA per (64-row weight tile, K split). With split-K the partial totals go to p.workspace[split][M][N]
+// (splitk_reduce_kernel finishes); otherwise the epilogue stores y with the row/col scales and the bias.
+#pragma once
+#include "cuda/kernels/sm90_fp8_gemm.cuh"
+
+namespace finegemm::cuda {
+
+inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer warpgroup)
+
+template <int WN, int kStages>
+struct Fp4DecodeSmem {
+  static constexpr int kStageX = WN * kGemmBlockK;                  // E4M3 activations, 128-byte rows
+  static constexpr int kStageW = kFp4DecodeRows * kGemmBlockK / 2;  // packed FP4 weights, 64-byte rows
+  static constexpr int kStageWScales = 4 * kFp4DecodeRows * 4;      // [4][64] float
+  static constexpr int kStageXScales = 4 * WN * 4;                  // [4][WN] float
+  static constexpr int kBytes = kStages * (kStageX + kStageW + kStageWScales + kStageXScales) + 2 * kStages * 8 + 1024;
+};
+
+// Four E2M1 codes (16 bits, element 0 in the low nibble) → four E4M3 bytes (element 0 in the low byte). Exact.
+// Magnitudes: a byte permute over the 8-entry table; signs: a second permute picks 0x00 or 0x80 per byte.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h) {
+  const uint32_t mag = __byte_perm(0x3C383000u /* 0, 0.5, 1, 1.5 */, 0x4C484440u /* 2, 3, 4, 6 */, h & 0x7777u);
+  const uint32_t sign = __byte_perm(0x00008000u, 0u, (h >> 3) & 0x1111u);
+  return mag | sign;
+}
+
+// The wgmma A fragment (m64k32, 8-bit) of step s for this thread: rows r and r + 8 of the warp's 16, columns
+// 4t..4t+3 and 16+4t..16+4t+3. In the packed tile a step is one 16-byte chunk of each 64-byte row; the thread's
+// columns are bytes 2t..2t+1 and 8+2t..9+2t of it. With the 64-byte swizzle, chunk c of row r sits at c ^ (r/2 % 4).
+__device__ __forceinline__ void fp4_fragment(const uint8_t* tile, int r, int t, int s, bool swizzle, uint32_t (&a)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = r + 8 * h;
+    const int chunk = swizzle ? (s ^ ((row >> 1) & 3)) : s;
+    const uint8_t* p = tile + row * (kGemmBlockK / 2) + chunk * 16 + 2 * t;
+    a[h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p));
+    a[2 + h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p + 8));
+  }
+}
+
+__device__ __forceinline__ void store_one(const GemmParams& p, int row, int col, float v) {
+  const int64_t offset = static_cast<int64_t>(row) * p.ldo + col;
+  switch (p.out_dtype) {
+    case OutDType::F32: static_cast<float*>(p.out)[offset] = v; break;
+    case OutDType::BF16: static_cast<__nv_bfloat16*>(p.out)[offset] = __float2bfloat16_rn(v); break;
+    case OutDType::F16: static_cast<__half*>(p.out)[offset] = __float2half_rn(v); break;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// The scales of one K block, as the producer lanes load them: weights rows (lane, lane + 32) × 4 groups, activations
+// tokens (lane, lane + 32) × 4 steps.
+struct Fp4DecodeScales {
+  float w[8];
+  float x[8];
+};
+
+template <int WN>
+__device__ __forceinline__ Fp4DecodeScales fp4_decode_load_scales(const GemmParams& p, int n0, int lane, int kb) {
+  Fp4DecodeScales v;
+  const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
+  const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    // The K tail's groups past the last scale read the last one (their data is zero-filled).
+    const int group = min(kb * 4 + s, p.b_scale_cols - 1);
+    v.w[s] = load_b_scale(p, 0, rows[0], group);
+    v.w[4 + s] = load_b_scale(p, 0, rows[1], group);
+    const int xg = min((kb * kGemmBlockK + 32 * s) / p.a_group, p.a_scale_cols - 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      v.x[4 * h + s] = p.a_scale ? p.a_scale[toks[h] * p.a_scale_stride_m + xg * p.a_scale_stride_k] : 1.0f;
+  }
+  return v;
+}
+
+// grid: (ceil(N / 64) tiles) × split; block 160 threads. kb_per_split K blocks of 128 per split.
+template <int WN, int kStages>
+__global__ void __launch_bounds__(160)
+    sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
+                           const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
+  using Smem = Fp4DecodeSmem<WN, kStages>;
+  using Mma = ptx::WgmmaFp8RegA<WN>;
+  constexpr int kAcc = WN / 2;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* smem_x = smem;
+  uint8_t* smem_w = smem_x + kStages * Smem::kStageX;
+  float* smem_ws = reinterpret_cast<float*>(smem_w + kStages * Smem::kStageW);
+  float* smem_xs = smem_ws + kStages * 4 * kFp4DecodeRows;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_xs + kStages * 4 * WN);
+  uint64_t* empty = full + kStages;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int tile = static_cast<int>(blockIdx.x) / split_k;
+  const int split = static_cast<int>(blockIdx.x) % split_k;
+  const int n0 = tile * kFp4DecodeRows;
+  const int num_kb = (p.k + kGemmBlockK - 1) / kGemmBlockK;
+  const int kb_begin = split * kb_per_split;
+  const int kb_count = min(num_kb, kb_begin + kb_per_split) - kb_begin;
+
+  // full[s]: the producer's expect_tx, the bytes, and the 32 producer lanes' arrivals after their scale writes.
+  // empty[s]: one arrival per consumer warp.
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbar_init(&full[s], 32);
+      ptx::mbar_init(&empty[s], 4);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warp == 4) {
+    // ---------------- Producer warp.
+    if (lane == 0) {
+      ptx::prefetch_tensor_map(&tma_x);
+      ptx::prefetch_tensor_map(&tma_w);
+    }
+    const int last = kb_begin + kb_count - 1;
+    Fp4DecodeScales cur = fp4_decode_load_scales<WN>(p, n0, lane, kb_begin);
+    Fp4DecodeScales next = fp4_decode_load_scales<WN>(p, n0, lane, min(kb_begin + 1, last));
+    for (int i = 0; i < kb_count; ++i) {
+      const int kb = kb_begin + i;
+      const int stage = i % kStages;
+      if (i >= kStages) ptx::mbar_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
+      if (lane == 0) {
+        ptx::mbar_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
+        ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * (kGemmBlockK / 2), n0);
+        ptx::tma_load_2d(smem_x + stage * Smem::kStageX, &tma_x, &full[stage], kb * kGemmBlockK, 0);
+      }
+      float* ws = smem_ws + stage * 4 * kFp4DecodeRows;
+      float* xs = smem_xs + stage * 4 * WN;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        ws[s * kFp4DecodeRows + lane] = cur.w[s];
+        ws[s * kFp4DecodeRows + lane + 32] = cur.w[4 + s];
+        if (lane < WN) xs[s * WN + lane] = cur.x[s];
+        if (lane + 32 < WN) xs[s * WN + lane + 32] = cur.x[4 + s];
+      }
+      ptx::mbar_arrive(&full[stage]);  // release: this lane's scale writes
+      cur = next;
+      next = fp4_decode_load_scales<WN>(p, n0, lane, min(kb + 2, last));
+    }
+    return;
+  }
+
+  // ---------------- Consumer warpgroup.
+  const int g = lane >> 2, t = lane & 3;
+  const int r0 = warp * 16 + g;  // this thread's rows: r0 and r0 + 8 of the tile
+  // Steps (32 wide) per activation-scale group: the sum is scaled into the total at the end of each.
+  const int steps_per_xgroup = p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4;
+  float total[kAcc];
+  float sum[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) total[i] = sum[i] = 0.0f;
+
+  auto promote = [&](int s, const float (&acc)[kAcc], const float* ws, const float* xs) {
+    const float w0 = ws[s * kFp4DecodeRows + r0], w1 = ws[s * kFp4DecodeRows + r0 + 8];
+    const bool first = s % steps_per_xgroup == 0;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const float w = (i & 2) ? w1 : w0;  // accumulator i: row r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1)
+      sum[i] = first ? acc[i] * w : fmaf(acc[i], w, sum[i]);
+    }
+    if ((s + 1) % steps_per_xgroup == 0) {
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        const float2 xv = *reinterpret_cast<const float2*>(xs + s * WN + 8 * j + 2 * t);
+        total[4 * j + 0] = fmaf(sum[4 * j + 0], xv.x, total[4 * j + 0]);
+        total[4 * j + 1] = fmaf(sum[4 * j + 1], xv.y, total[4 * j + 1]);
+        total[4 * j + 2] = fmaf(sum[4 * j + 2], xv.x, total[4 * j + 2]);
+        total[4 * j + 3] = fmaf(sum[4 * j + 3], xv.y, total[4 * j + 3]);
+      }
+    }
+  };
+
+  for (int i = 0; i < kb_count; ++i) {
+    const int stage = i % kStages;
+    ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+    const uint8_t* wt = smem_w + stage * Smem::kStageW;
+    const float* ws = smem_ws + stage * 4 * kFp4DecodeRows;
+    const float* xs = smem_xs + stage * 4 * WN;
+    const uint64_t desc = ptx::make_desc_k_major_sw128(smem_x + stage * Smem::kStageX);
+    uint32_t a0[4], a1[4];
+    float acc0[kAcc], acc1[kAcc];
+    // Two accumulators alternate: step s + 1's wgmma runs while step s is promoted.
+    fp4_fragment(wt, r0, t, 0, swizzle, a0);
+    ptx::wgmma_fence();
+    Mma::mma(a0, desc, acc0, false);
+    ptx::wgmma_commit();
+    fp4_fragment(wt, r0, t, 1, swizzle, a1);
+    ptx::wgmma_fence();
+    Mma::mma(a1, desc + (32 >> 4), acc1, false);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();
+    ptx::fence_operands(acc0);
+    fence_regs(a0);
+    promote(0, acc0, ws, xs);
+    fp4_fragment(wt, r0, t, 2, swizzle, a0);
+    ptx::wgmma_fence();
+    Mma::mma(a0, desc + (64 >> 4), acc0, false);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();
+    ptx::fence_operands(acc1);
+    fence_regs(a1);
+    promote(1, acc1, ws, xs);
+    fp4_fragment(wt, r0, t, 3, swizzle, a1);
+    ptx::wgmma_fence();
+    Mma::mma(a1, desc + (96 >> 4), acc1, false);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();
+    ptx::fence_operands(acc0);
+    fence_regs(a0);
+    promote(2, acc0, ws, xs);
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(acc1);
+    fence_regs(a1);
+    promote(3, acc1, ws, xs);
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+  }
+
+  // Epilogue: accumulator i holds row n0 + r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1).
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
+    const int n = n0 + r0 + 8 * ((i >> 1) & 1);
+    if (tok >= p.m || n >= p.n) continue;
+    if (p.workspace) {
+      p.workspace[(static_cast<int64_t>(split) * p.m + tok) * p.n + n] = total[i];
+    } else {
+      store_one(p, tok, n,
+                total[i] * load_vec(p.row_mode, p.row_scale, tok) * load_vec(p.col_mode, p.col_scale, n) + load_bias(p, n));
+    }
+  }
+#endif
+}
+
+}  // namespace finegemm::cuda
