@@ -25,12 +25,15 @@ namespace finegemm::cuda {
 
 inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer warpgroup)
 
-template <int WN, int kStages>
+// kStageK: K per pipeline stage, 128 or 256 (weight rows of 64 or 128 bytes per TMA box row; the activation tile is
+// one or two 128-byte-swizzled boxes).
+template <int WN, int kStages, int kStageK>
 struct Fp4DecodeSmem {
-  static constexpr int kStageX = WN * kGemmBlockK;                  // E4M3 activations, 128-byte rows
-  static constexpr int kStageW = kFp4DecodeRows * kGemmBlockK / 2;  // packed FP4 weights, 64-byte rows
-  static constexpr int kStageWScales = 4 * kFp4DecodeRows * 4;      // [4][64] float
-  static constexpr int kStageXScales = 4 * WN * 4;                  // [4][WN] float
+  static constexpr int kSteps = kStageK / 32;                     // wgmma k32 steps (MX groups) per stage
+  static constexpr int kStageX = WN * kStageK;                    // E4M3 activations: kStageK / 128 boxes of WN × 128
+  static constexpr int kStageW = kFp4DecodeRows * kStageK / 2;    // packed FP4 weights, kStageK / 2 bytes per row
+  static constexpr int kStageWScales = kSteps * kFp4DecodeRows * 4;  // [kSteps][64] float
+  static constexpr int kStageXScales = kSteps * WN * 4;              // [kSteps][WN] float
   static constexpr int kBytes = kStages * (kStageX + kStageW + kStageWScales + kStageXScales) + 2 * kStages * 8 + 1024;
 };
 
@@ -43,14 +46,17 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h) {
 }
 
 // The wgmma A fragment (m64k32, 8-bit) of step s for this thread: rows r and r + 8 of the warp's 16, columns
-// 4t..4t+3 and 16+4t..16+4t+3. In the packed tile a step is one 16-byte chunk of each 64-byte row; the thread's
-// columns are bytes 2t..2t+1 and 8+2t..9+2t of it. With the 64-byte swizzle, chunk c of row r sits at c ^ (r/2 % 4).
+// 4t..4t+3 and 16+4t..16+4t+3. In the packed tile (kRowBytes per row) a step is one 16-byte chunk of each row; the
+// thread's columns are bytes 2t..2t+1 and 8+2t..9+2t of it. Swizzled, chunk c of row r sits at c ^ (r/2 % 4) with
+// 64-byte rows (64-byte swizzle) and at c ^ (r % 8) with 128-byte rows (128-byte swizzle).
+template <int kRowBytes>
 __device__ __forceinline__ void fp4_fragment(const uint8_t* tile, int r, int t, int s, bool swizzle, uint32_t (&a)[4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = r + 8 * h;
-    const int chunk = swizzle ? (s ^ ((row >> 1) & 3)) : s;
-    const uint8_t* p = tile + row * (kGemmBlockK / 2) + chunk * 16 + 2 * t;
+    const int pattern = kRowBytes == 64 ? ((row >> 1) & 3) : (row & 7);
+    const int chunk = swizzle ? (s ^ pattern) : s;
+    const uint8_t* p = tile + row * kRowBytes + chunk * 16 + 2 * t;
     a[h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p));
     a[2 + h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p + 8));
   }
@@ -71,50 +77,54 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// The scales of one K block, as the producer lanes load them: weights rows (lane, lane + 32) × 4 groups, activations
-// tokens (lane, lane + 32) × 4 steps.
+// The scales of one stage, as the producer lanes load them: weights rows (lane, lane + 32) × kSteps groups,
+// activations tokens (lane, lane + 32) × kSteps steps.
+template <int kSteps>
 struct Fp4DecodeScales {
-  float w[8];
-  float x[8];
+  float w[2 * kSteps];
+  float x[2 * kSteps];
 };
 
-template <int WN>
-__device__ __forceinline__ Fp4DecodeScales fp4_decode_load_scales(const GemmParams& p, int n0, int lane, int kb) {
-  Fp4DecodeScales v;
+template <int kSteps>
+__device__ __forceinline__ Fp4DecodeScales<kSteps> fp4_decode_load_scales(const GemmParams& p, int n0, int lane, int kb) {
+  Fp4DecodeScales<kSteps> v;
   const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
   const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 0; s < kSteps; ++s) {
     // The K tail's groups past the last scale read the last one (their data is zero-filled).
-    const int group = min(kb * 4 + s, p.b_scale_cols - 1);
+    const int group = min(kb * kSteps + s, p.b_scale_cols - 1);
     v.w[s] = load_b_scale(p, 0, rows[0], group);
-    v.w[4 + s] = load_b_scale(p, 0, rows[1], group);
-    const int xg = min((kb * kGemmBlockK + 32 * s) / p.a_group, p.a_scale_cols - 1);
+    v.w[kSteps + s] = load_b_scale(p, 0, rows[1], group);
+    const int xg = min((kb * kSteps + s) * 32 / p.a_group, p.a_scale_cols - 1);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      v.x[4 * h + s] = p.a_scale ? p.a_scale[toks[h] * p.a_scale_stride_m + xg * p.a_scale_stride_k] : 1.0f;
+      v.x[kSteps * h + s] = p.a_scale ? p.a_scale[toks[h] * p.a_scale_stride_m + xg * p.a_scale_stride_k] : 1.0f;
   }
   return v;
 }
 
-// grid: (ceil(N / 64) tiles) × split; block 160 threads. kb_per_split K blocks of 128 per split.
-template <int WN, int kStages>
+// grid: (ceil(N / 64) tiles) × split; block 160 threads. kb_per_split stages (kStageK of K each) per split.
+template <int WN, int kStages, int kStageK>
 __global__ void __launch_bounds__(160)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
-  using Smem = Fp4DecodeSmem<WN, kStages>;
+  static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
+  using Smem = Fp4DecodeSmem<WN, kStages, kStageK>;
   using Mma = ptx::WgmmaFp8RegA<WN>;
   constexpr int kAcc = WN / 2;
+  constexpr int kSteps = Smem::kSteps;
+  constexpr int kRowBytes = kStageK / 2;
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* smem_x = smem;
   uint8_t* smem_w = smem_x + kStages * Smem::kStageX;
   float* smem_ws = reinterpret_cast<float*>(smem_w + kStages * Smem::kStageW);
-  float* smem_xs = smem_ws + kStages * 4 * kFp4DecodeRows;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_xs + kStages * 4 * WN);
+  float* smem_xs = smem_ws + kStages * kSteps * kFp4DecodeRows;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_xs + kStages * kSteps * WN);
   uint64_t* empty = full + kStages;
 
   const int warp = threadIdx.x / 32;
@@ -122,7 +132,7 @@ __global__ void __launch_bounds__(160)
   const int tile = static_cast<int>(blockIdx.x) / split_k;
   const int split = static_cast<int>(blockIdx.x) % split_k;
   const int n0 = tile * kFp4DecodeRows;
-  const int num_kb = (p.k + kGemmBlockK - 1) / kGemmBlockK;
+  const int num_kb = (p.k + kStageK - 1) / kStageK;
   const int kb_begin = split * kb_per_split;
   const int kb_count = min(num_kb, kb_begin + kb_per_split) - kb_begin;
 
@@ -144,29 +154,33 @@ __global__ void __launch_bounds__(160)
       ptx::prefetch_tensor_map(&tma_w);
     }
     const int last = kb_begin + kb_count - 1;
-    Fp4DecodeScales cur = fp4_decode_load_scales<WN>(p, n0, lane, kb_begin);
-    Fp4DecodeScales next = fp4_decode_load_scales<WN>(p, n0, lane, min(kb_begin + 1, last));
+    Fp4DecodeScales<kSteps> cur = fp4_decode_load_scales<kSteps>(p, n0, lane, kb_begin);
+    Fp4DecodeScales<kSteps> next = fp4_decode_load_scales<kSteps>(p, n0, lane, min(kb_begin + 1, last));
     for (int i = 0; i < kb_count; ++i) {
       const int kb = kb_begin + i;
       const int stage = i % kStages;
       if (i >= kStages) ptx::mbar_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
       if (lane == 0) {
+        // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
         ptx::mbar_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
-        ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * (kGemmBlockK / 2), n0);
-        ptx::tma_load_2d(smem_x + stage * Smem::kStageX, &tma_x, &full[stage], kb * kGemmBlockK, 0);
-      }
-      float* ws = smem_ws + stage * 4 * kFp4DecodeRows;
-      float* xs = smem_xs + stage * 4 * WN;
+        ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, n0);
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
+        for (int j = 0; j < kStageK / kGemmBlockK; ++j)
+          ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],
+                           kb * kStageK + j * kGemmBlockK, 0);
+      }
+      float* ws = smem_ws + stage * kSteps * kFp4DecodeRows;
+      float* xs = smem_xs + stage * kSteps * WN;
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
         ws[s * kFp4DecodeRows + lane] = cur.w[s];
-        ws[s * kFp4DecodeRows + lane + 32] = cur.w[4 + s];
+        ws[s * kFp4DecodeRows + lane + 32] = cur.w[kSteps + s];
         if (lane < WN) xs[s * WN + lane] = cur.x[s];
-        if (lane + 32 < WN) xs[s * WN + lane + 32] = cur.x[4 + s];
+        if (lane + 32 < WN) xs[s * WN + lane + 32] = cur.x[kSteps + s];
       }
       ptx::mbar_arrive(&full[stage]);  // release: this lane's scale writes
       cur = next;
-      next = fp4_decode_load_scales<WN>(p, n0, lane, min(kb + 2, last));
+      next = fp4_decode_load_scales<kSteps>(p, n0, lane, min(kb + 2, last));
     }
     return;
   }
@@ -205,44 +219,34 @@ __global__ void __launch_bounds__(160)
     const int stage = i % kStages;
     ptx::mbar_wait(&full[stage], (i / kStages) & 1);
     const uint8_t* wt = smem_w + stage * Smem::kStageW;
-    const float* ws = smem_ws + stage * 4 * kFp4DecodeRows;
-    const float* xs = smem_xs + stage * 4 * WN;
-    const uint64_t desc = ptx::make_desc_k_major_sw128(smem_x + stage * Smem::kStageX);
-    uint32_t a0[4], a1[4];
-    float acc0[kAcc], acc1[kAcc];
-    // Two accumulators alternate: step s + 1's wgmma runs while step s is promoted.
-    fp4_fragment(wt, r0, t, 0, swizzle, a0);
+    const float* ws = smem_ws + stage * kSteps * kFp4DecodeRows;
+    const float* xs = smem_xs + stage * kSteps * WN;
+    const uint8_t* xt = smem_x + stage * Smem::kStageX;
+    auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
+      return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
+    };
+    // Two accumulators (and A fragments) alternate: step s + 1's wgmma runs while step s is promoted.
+    uint32_t a[2][4];
+    float acc[2][kAcc];
+    fp4_fragment<kRowBytes>(wt, r0, t, 0, swizzle, a[0]);
     ptx::wgmma_fence();
-    Mma::mma(a0, desc, acc0, false);
+    Mma::mma(a[0], desc_of(0), acc[0], false);
     ptx::wgmma_commit();
-    fp4_fragment(wt, r0, t, 1, swizzle, a1);
-    ptx::wgmma_fence();
-    Mma::mma(a1, desc + (32 >> 4), acc1, false);
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<1>();
-    ptx::fence_operands(acc0);
-    fence_regs(a0);
-    promote(0, acc0, ws, xs);
-    fp4_fragment(wt, r0, t, 2, swizzle, a0);
-    ptx::wgmma_fence();
-    Mma::mma(a0, desc + (64 >> 4), acc0, false);
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<1>();
-    ptx::fence_operands(acc1);
-    fence_regs(a1);
-    promote(1, acc1, ws, xs);
-    fp4_fragment(wt, r0, t, 3, swizzle, a1);
-    ptx::wgmma_fence();
-    Mma::mma(a1, desc + (96 >> 4), acc1, false);
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<1>();
-    ptx::fence_operands(acc0);
-    fence_regs(a0);
-    promote(2, acc0, ws, xs);
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(acc1);
-    fence_regs(a1);
-    promote(3, acc1, ws, xs);
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      if (s + 1 < kSteps) {
+        fp4_fragment<kRowBytes>(wt, r0, t, s + 1, swizzle, a[(s + 1) & 1]);
+        ptx::wgmma_fence();
+        Mma::mma(a[(s + 1) & 1], desc_of(s + 1), acc[(s + 1) & 1], false);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>();
+      } else {
+        ptx::wgmma_wait<0>();
+      }
+      ptx::fence_operands(acc[s & 1]);
+      fence_regs(a[s & 1]);
+      promote(s, acc[s & 1], ws, xs);
+    }
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(&empty[stage]);
   }

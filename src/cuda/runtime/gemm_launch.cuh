@@ -29,9 +29,10 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // A 2-D byte tensor [rows, cols] with row stride `ld` bytes, loaded in boxes of box_rows × 128 bytes, 128B swizzle.
 // box_cols bytes per row: 128 (E4M3 K blocks, 128-byte swizzle) or 64 (packed FP4 K blocks: no swizzle, the loader
-// warps expand and swizzle them; or, with swizzle64, the 64-byte swizzle the FP4 decode kernel reads).
+// warps expand and swizzle them; or, with swizzle64, the 64-byte swizzle the FP4 decode kernel reads). plain128: 128
+// bytes unswizzled (the FP4 decode kernel's comparison switch).
 inline CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols = 128,
-                               bool swizzle64 = false) {
+                               bool swizzle64 = false, bool plain128 = false) {
   CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
@@ -39,7 +40,7 @@ inline CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int6
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(ptr), dims, strides,
                                           box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          box_cols == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                          box_cols == 128 ? (plain128 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B)
                                           : (swizzle64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE),
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)

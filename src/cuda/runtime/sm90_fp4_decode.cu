@@ -8,42 +8,63 @@
 namespace finegemm::cuda {
 namespace {
 
-// Stages: 8 K blocks in flight per CTA at WN ≤ 16 (about 50 KB, four CTAs per SM), 6 at 32 and 64.
-template <int WN>
-constexpr int kFp4DecodeStages = WN <= 16 ? 8 : 6;
+// Stages (kStageK of K each): about 50 KB (128) or 75 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share
+// an SM; fewer at WN = 32 and 64, whose activation tiles are larger.
+template <int WN, int kStageK>
+constexpr int kFp4DecodeStages = kStageK == 128 ? (WN <= 16 ? 8 : 6) : (WN <= 16 ? 6 : (WN == 32 ? 4 : 3));
 
-template <int WN>
+template <int WN, int kStageK>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN>>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK>, kStageK>;
 }
 
-template <int WN>
+template <int WN, int kStageK>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN>>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK>, kStageK>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN>
+template <int WN, int kStageK>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN>();
-    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, fp4_decode_smem<WN>()));
-    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, 160, fp4_decode_smem<WN>()));
+    auto kernel = fp4_decode_kernel<WN, kStageK>();
+    constexpr int kSmem = fp4_decode_smem<WN, kStageK>();
+    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, 160, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
     ctas_per_sm[slot].store(ctas);
   }
   return ctas;
 }
 
+template <int kStageK>
 int prepare(int wn, int device) {
   switch (wn) {
-    case 8: return prepare_kernel<8>(device);
-    case 16: return prepare_kernel<16>(device);
-    case 32: return prepare_kernel<32>(device);
-    default: return prepare_kernel<64>(device);
+    case 8: return prepare_kernel<8, kStageK>(device);
+    case 16: return prepare_kernel<16, kStageK>(device);
+    case 32: return prepare_kernel<32, kStageK>(device);
+    default: return prepare_kernel<64, kStageK>(device);
+  }
+}
+
+int prepare(int wn, int stage_k, int device) { return stage_k == 128 ? prepare<128>(wn, device) : prepare<256>(wn, device); }
+
+template <int WN, int kStageK>
+void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
+  fp4_decode_kernel<WN, kStageK>()<<<c.tiles * c.split_k, 160, fp4_decode_smem<WN, kStageK>(), stream>>>(
+      x, w, p, c.split_k, c.kb_per_split, c.swizzle);
+}
+
+template <int kStageK>
+void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
+  switch (c.wn) {
+    case 8: return launch<8, kStageK>(x, w, p, c, stream);
+    case 16: return launch<16, kStageK>(x, w, p, c, stream);
+    case 32: return launch<32, kStageK>(x, w, p, c, stream);
+    default: return launch<64, kStageK>(x, w, p, c, stream);
   }
 }
 
@@ -55,13 +76,19 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   Fp4DecodeConfig c;
   c.wn = fp4_decode_width(m);
   c.tiles = ceil_div(n, kFp4DecodeRows);
-  const int num_kb = std::max(1, ceil_div(k, kGemmBlockK));
+  c.stage_k = 128;
+  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced) {
+    c.stage_k = std::atoi(forced);
+    if (c.stage_k != 128 && c.stage_k != 256)
+      throw Error(std::string("FINEGEMM_FP4_DECODE_STAGE_K: expected 128 or 256, got '") + forced + "'");
+  }
+  const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
-  // at least 4 K blocks per split: each split costs M × N floats of partials.
-  const int resident = prepare(c.wn, device) * num_sms;
+  // at least 512 of K per split: each split costs M × N floats of partials.
+  const int resident = prepare(c.wn, c.stage_k, device) * num_sms;
   int split = std::max(1, resident / c.tiles);
-  split = std::min(split, std::max(1, num_kb / 4));
-  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_SPLIT")) {
+  split = std::min(split, std::max(1, num_kb / (512 / c.stage_k)));
+  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_SPLIT"); forced && *forced) {
     const int v = std::atoi(forced);
     if (v < 1) throw Error(std::string("FINEGEMM_FP4_DECODE_SPLIT: expected a split count >= 1, got '") + forced + "'");
     split = v;
@@ -71,8 +98,8 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: fp4 decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d kb_per_split=%d swizzle=%d\n", m,
-                 n, k, c.wn, c.tiles, c.split_k, c.kb_per_split, c.swizzle ? 1 : 0);
+    std::fprintf(stderr, "finegemm: fp4 decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
+                 m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0);
   return c;
 }
 
@@ -80,16 +107,14 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
                             const Fp4DecodeConfig& c, cudaStream_t stream) {
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
-  prepare(c.wn, device);
+  prepare(c.wn, c.stage_k, device);
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
-  const CUtensorMap tma_w = make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, kGemmBlockK / 2, c.swizzle);
-  const dim3 grid(c.tiles * c.split_k);
-  switch (c.wn) {
-    case 8: fp4_decode_kernel<8>()<<<grid, 160, fp4_decode_smem<8>(), stream>>>(tma_x, tma_w, p, c.split_k, c.kb_per_split, c.swizzle); break;
-    case 16: fp4_decode_kernel<16>()<<<grid, 160, fp4_decode_smem<16>(), stream>>>(tma_x, tma_w, p, c.split_k, c.kb_per_split, c.swizzle); break;
-    case 32: fp4_decode_kernel<32>()<<<grid, 160, fp4_decode_smem<32>(), stream>>>(tma_x, tma_w, p, c.split_k, c.kb_per_split, c.swizzle); break;
-    default: fp4_decode_kernel<64>()<<<grid, 160, fp4_decode_smem<64>(), stream>>>(tma_x, tma_w, p, c.split_k, c.kb_per_split, c.swizzle); break;
-  }
+  // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
+  const CUtensorMap tma_w = c.stage_k == 128
+                                ? make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
+                                : make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
+  if (c.stage_k == 128) launch<128>(tma_x, tma_w, p, c, stream);
+  else launch<256>(tma_x, tma_w, p, c, stream);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 

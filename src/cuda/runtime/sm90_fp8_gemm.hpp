@@ -35,7 +35,8 @@ struct Fp4DecodeConfig {
   int tiles = 0;
   int split_k = 1;
   int kb_per_split = 0;
-  bool swizzle = true;  // 64-byte swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
+  int stage_k = 128;  // K per pipeline stage: 128 or 256 (FINEGEMM_FP4_DECODE_STAGE_K)
+  bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
 };
 int fp4_decode_width(int m);
 Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device);
