@@ -9,10 +9,10 @@
 // (sm90_fp8_gemm.cuh) expands into shared memory with three loader warps, which bounded FP4 decode at 0.53 TB/s.
 //
 // CTA: one consumer warpgroup (warps 0-3) and a producer warp (warp 4).
-//   - Producer: per 128-wide K block, TMA loads of the packed weight tile (64 rows × 64 bytes, 64-byte swizzle) and
-//     the activation tile (WN rows × 128 bytes, 128-byte swizzle, rows past M zero-filled), and the block's scales
-//     staged in shared memory as floats: weight scales [4 groups][64 rows], activation scales [4 groups][WN tokens].
-//     Its global scale loads are issued two blocks ahead, so that their latency overlaps.
+//   - Producer: per stage (128 or 256 of K), TMA loads of the packed weight tile (64 rows × 64 or 128 bytes,
+//     swizzled) and the activation tile (WN rows × 128 bytes per 128 of K, 128-byte swizzle, rows past M
+//     zero-filled), and cp.async copies of the stage's scales into shared memory (weight scales per row and group,
+//     activation scales per token and step), all completing on the stage's full barrier.
 //   - Consumers: per 32-wide step (one MX group), wgmma m64nWNk32 into a fresh accumulator (two alternate, so one
 //     step's wgmma runs while the other is promoted), then sum += acc · w_scale[row]; at the end of each activation
 //     group (32, 64 or 128 wide), total += sum · x_scale[token]. Exact for any spread of the weight scales.
@@ -77,32 +77,9 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// The scales of one stage, as the producer lanes load them: weights rows (lane, lane + 32) × kSteps groups,
-// activations tokens (lane, lane + 32) × kSteps steps.
-template <int kSteps>
-struct Fp4DecodeScales {
-  float w[2 * kSteps];
-  float x[2 * kSteps];
-};
-
-template <int kSteps>
-__device__ __forceinline__ Fp4DecodeScales<kSteps> fp4_decode_load_scales(const GemmParams& p, int n0, int lane, int kb) {
-  Fp4DecodeScales<kSteps> v;
-  const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
-  const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    // The K tail's groups past the last scale read the last one (their data is zero-filled).
-    const int group = min(kb * kSteps + s, p.b_scale_cols - 1);
-    v.w[s] = load_b_scale(p, 0, rows[0], group);
-    v.w[kSteps + s] = load_b_scale(p, 0, rows[1], group);
-    const int xg = min((kb * kSteps + s) * 32 / p.a_group, p.a_scale_cols - 1);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      v.x[kSteps * h + s] = p.a_scale ? p.a_scale[toks[h] * p.a_scale_stride_m + xg * p.a_scale_stride_k] : 1.0f;
-  }
-  return v;
-}
+// Whether the weight scales are staged as 32-bit words of four groups (UE8M0 bytes or packed UE8M0) rather than one
+// float per group. UE8M0 bytes need 4-byte aligned rows of a multiple of 4 groups (fp4_decode_scales_ok, host).
+__device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { return p.b_scale_fmt != ScaleFmt::F32; }
 
 // grid: (ceil(N / 64) tiles) × split; block 160 threads. kb_per_split stages (kStageK of K each) per split.
 template <int WN, int kStages, int kStageK>
@@ -136,33 +113,35 @@ __global__ void __launch_bounds__(160)
   const int kb_begin = split * kb_per_split;
   const int kb_count = min(num_kb, kb_begin + kb_per_split) - kb_begin;
 
-  // full[s]: the producer's expect_tx, the bytes, and the 32 producer lanes' arrivals after their scale writes.
-  // empty[s]: one arrival per consumer warp.
+  // full[s]: the producer's expect_tx (one arrival), the TMA bytes, and one arrival per producer lane once its
+  // cp.async scale copies have landed. empty[s]: one arrival per consumer warp.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&full[s], 32);
+      ptx::mbar_init(&full[s], 1 + 32);
       ptx::mbar_init(&empty[s], 4);
     }
     ptx::fence_barrier_init();
   }
   __syncthreads();
+  const bool word_scales = fp4_decode_word_scales(p);
 
   if (warp == 4) {
-    // ---------------- Producer warp.
+    // ---------------- Producer warp: TMA for the tiles; cp.async for the scales, so that no lane ever waits on a
+    // global load (a register-staged version, with its loads two stages ahead, streamed 0.57 TB/s: every stage
+    // waited out a load latency).
     if (lane == 0) {
       ptx::prefetch_tensor_map(&tma_x);
       ptx::prefetch_tensor_map(&tma_w);
     }
-    const int last = kb_begin + kb_count - 1;
-    Fp4DecodeScales<kSteps> cur = fp4_decode_load_scales<kSteps>(p, n0, lane, kb_begin);
-    Fp4DecodeScales<kSteps> next = fp4_decode_load_scales<kSteps>(p, n0, lane, min(kb_begin + 1, last));
+    const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
+    const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
     for (int i = 0; i < kb_count; ++i) {
       const int kb = kb_begin + i;
       const int stage = i % kStages;
       if (i >= kStages) ptx::mbar_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
       if (lane == 0) {
         // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
-        ptx::mbar_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
+        ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
         ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, n0);
 #pragma unroll
         for (int j = 0; j < kStageK / kGemmBlockK; ++j)
@@ -171,16 +150,38 @@ __global__ void __launch_bounds__(160)
       }
       float* ws = smem_ws + stage * kSteps * kFp4DecodeRows;
       float* xs = smem_xs + stage * kSteps * WN;
+      // Weight scales: words of four groups ([kSteps / 4][64]) or floats ([kSteps][64]). The K tail's groups past the
+      // last scale read the last one (their weights are zero-filled).
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        ws[s * kFp4DecodeRows + lane] = cur.w[s];
-        ws[s * kFp4DecodeRows + lane + 32] = cur.w[kSteps + s];
-        if (lane < WN) xs[s * WN + lane] = cur.x[s];
-        if (lane + 32 < WN) xs[s * WN + lane + 32] = cur.x[kSteps + s];
+      for (int h = 0; h < 2; ++h) {
+        if (word_scales) {
+#pragma unroll
+          for (int q = 0; q < kSteps / 4; ++q) {
+            const int group = min(kb * kSteps + 4 * q, p.b_scale_cols - 4);  // UE8M0: cols % 4 == 0 (host)
+            const void* src =
+                p.b_scale_fmt == ScaleFmt::UE8M0
+                    ? static_cast<const void*>(static_cast<const uint8_t*>(p.b_scale) + rows[h] * p.b_scale_stride_n + group)
+                    : static_cast<const void*>(static_cast<const int32_t*>(p.b_scale) + rows[h] * p.b_scale_stride_n +
+                                               min(kb * kSteps / 4 + q, (p.b_scale_cols + 3) / 4 - 1));
+            ptx::cp_async_4(ws + q * kFp4DecodeRows + lane + 32 * h, src);
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < kSteps; ++s)
+            ptx::cp_async_4(ws + s * kFp4DecodeRows + lane + 32 * h,
+                            static_cast<const float*>(p.b_scale) + rows[h] * p.b_scale_stride_n +
+                                min(kb * kSteps + s, p.b_scale_cols - 1));
+        }
+        // Activation scales [kSteps][WN] (none without a_scale: the consumers use 1).
+        if (p.a_scale && lane + 32 * h < WN) {
+#pragma unroll
+          for (int s = 0; s < kSteps; ++s) {
+            const int xg = min((kb * kSteps + s) * 32 / p.a_group, p.a_scale_cols - 1);
+            ptx::cp_async_4(xs + s * WN + lane + 32 * h, p.a_scale + toks[h] * p.a_scale_stride_m + xg * p.a_scale_stride_k);
+          }
+        }
       }
-      ptx::mbar_arrive(&full[stage]);  // release: this lane's scale writes
-      cur = next;
-      next = fp4_decode_load_scales<kSteps>(p, n0, lane, min(kb + 2, last));
+      ptx::cp_async_mbar_arrive_noinc(&full[stage]);
     }
     return;
   }
@@ -196,7 +197,15 @@ __global__ void __launch_bounds__(160)
   for (int i = 0; i < kAcc; ++i) total[i] = sum[i] = 0.0f;
 
   auto promote = [&](int s, const float (&acc)[kAcc], const float* ws, const float* xs) {
-    const float w0 = ws[s * kFp4DecodeRows + r0], w1 = ws[s * kFp4DecodeRows + r0 + 8];
+    float w0, w1;
+    if (word_scales) {
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(ws) + (s / 4) * kFp4DecodeRows;
+      w0 = fmt::ue8m0_to_float(fmt::ue8m0_unpack(static_cast<int32_t>(words[r0]), s % 4));
+      w1 = fmt::ue8m0_to_float(fmt::ue8m0_unpack(static_cast<int32_t>(words[r0 + 8]), s % 4));
+    } else {
+      w0 = ws[s * kFp4DecodeRows + r0];
+      w1 = ws[s * kFp4DecodeRows + r0 + 8];
+    }
     const bool first = s % steps_per_xgroup == 0;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
@@ -206,7 +215,7 @@ __global__ void __launch_bounds__(160)
     if ((s + 1) % steps_per_xgroup == 0) {
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
-        const float2 xv = *reinterpret_cast<const float2*>(xs + s * WN + 8 * j + 2 * t);
+        const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + s * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
         total[4 * j + 0] = fmaf(sum[4 * j + 0], xv.x, total[4 * j + 0]);
         total[4 * j + 1] = fmaf(sum[4 * j + 1], xv.y, total[4 * j + 1]);
         total[4 * j + 2] = fmaf(sum[4 * j + 2], xv.x, total[4 * j + 2]);

@@ -35,6 +35,16 @@ __device__ __forceinline__ void fence_barrier_init() {
 // Generic-proxy shared-memory writes that TMA or wgmma read next need this before the barrier.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// ---- cp.async (4-byte global → shared copies), completion tracked by an mbarrier
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem_dst)), "l"(gmem_src) : "memory");
+}
+// One arrival on `bar` once this thread's earlier cp.async copies have landed. .noinc: the arrival counts toward the
+// barrier's expected count (set at init), as a normal arrive would.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // ---- TMA
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
