@@ -196,9 +196,12 @@ __global__ void __launch_bounds__(160)
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) total[i] = sum[i] = 0.0f;
 
-  auto promote = [&](int s, const float (&acc)[kAcc], const float* ws, const float* xs) {
+  auto promote = [&](int s, const float (&acc)[kAcc], const float* ws, const float* xs, int group0) {
     float w0, w1;
-    if (word_scales) {
+    if (group0 + s >= p.b_scale_cols) {
+      // Past K: the data is zero-filled, and a packed word's spare bytes (or a clamped word) are no scales of it.
+      w0 = w1 = 0.0f;
+    } else if (word_scales) {
       const uint32_t* words = reinterpret_cast<const uint32_t*>(ws) + (s / 4) * kFp4DecodeRows;
       w0 = fmt::ue8m0_to_float(fmt::ue8m0_unpack(static_cast<int32_t>(words[r0]), s % 4));
       w1 = fmt::ue8m0_to_float(fmt::ue8m0_unpack(static_cast<int32_t>(words[r0 + 8]), s % 4));
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(160)
       }
       ptx::fence_operands(acc[s & 1]);
       fence_regs(a[s & 1]);
-      promote(s, acc[s & 1], ws, xs);
+      promote(s, acc[s & 1], ws, xs, (kb_begin + i) * kSteps);
     }
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(&empty[stage]);
