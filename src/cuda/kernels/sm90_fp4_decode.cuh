@@ -190,7 +190,9 @@ __global__ void __launch_bounds__(160)
   const int g = lane >> 2, t = lane & 3;
   const int r0 = warp * 16 + g;  // this thread's rows: r0 and r0 + 8 of the tile
   // Steps (32 wide) per activation-scale group: the sum is scaled into the total at the end of each.
-  const int steps_per_xgroup = p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4;
+  // A power of two (1, 2 or 4: the host sends only groups dividing 128 or multiples of it), so that the step tests
+  // below are masks, not divisions.
+  const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
   float total[kAcc];
   float sum[kAcc];
 #pragma unroll
@@ -209,13 +211,13 @@ __global__ void __launch_bounds__(160)
       w0 = ws[s * kFp4DecodeRows + r0];
       w1 = ws[s * kFp4DecodeRows + r0 + 8];
     }
-    const bool first = s % steps_per_xgroup == 0;
+    const bool first = (s & xgroup_mask) == 0;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const float w = (i & 2) ? w1 : w0;  // accumulator i: row r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1)
       sum[i] = first ? acc[i] * w : fmaf(acc[i], w, sum[i]);
     }
-    if ((s + 1) % steps_per_xgroup == 0) {
+    if (((s + 1) & xgroup_mask) == 0) {
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
         const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + s * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);

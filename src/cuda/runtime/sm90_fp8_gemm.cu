@@ -211,11 +211,16 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // FP4 weights at decode sizes: the swap-AB kernel that expands the weights in registers.
   // Its producer copies the weight scales four UE8M0 bytes at a time: 4-byte aligned rows of a multiple of 4 groups
   // (otherwise the general kernel runs).
+  // NOTE: packed UE8M0 with a K tail inside a word (K % 128 != 0) read NaN from the word's spare bytes on the H200
+  // (187a7f4 zeroes the scales past K, not yet run there): until it has run, that case takes the general kernel.
   const bool fp4_decode_scales_ok =
-      p.b_scale_fmt != ScaleFmt::UE8M0 ||
+      p.b_scale_fmt == ScaleFmt::F32 ||
+      (p.b_scale_fmt == ScaleFmt::UE8M0_PACKED && p.b_scale_cols % 4 == 0) ||
       (reinterpret_cast<uintptr_t>(p.b_scale) % 4 == 0 && p.b_scale_stride_n % 4 == 0 && p.b_scale_cols % 4 == 0);
   const bool fp4_decode = p.b_fp4 && p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
-                          p.b_scale != nullptr && fp4_decode_scales_ok && env_switch("FINEGEMM_FP4_DECODE", true);
+                          p.b_scale != nullptr && fp4_decode_scales_ok &&
+                          (p.a_scale == nullptr || p.a_group % 128 == 0 || 128 % p.a_group == 0) &&
+                          env_switch("FINEGEMM_FP4_DECODE", true);
   const Fp4DecodeConfig decode =
       fp4_decode ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device) : Fp4DecodeConfig{};
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
