@@ -85,7 +85,7 @@ __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { re
 template <int WN, int kStages, int kStageK>
 __global__ void __launch_bounds__(160)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
-                           const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
+                           const GemmParams p, int split_k, int kb_per_split, bool swizzle, bool tiled) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
@@ -142,7 +142,9 @@ __global__ void __launch_bounds__(160)
       if (lane == 0) {
         // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
         ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
-        ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, n0);
+        // Tiled weights (fp4_decode_tile_weights): each stage's 64 rows × kRowBytes are one contiguous chunk.
+        if (tiled) ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], 0, (tile * num_kb + kb) * kFp4DecodeRows);
+        else ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, n0);
 #pragma unroll
         for (int j = 0; j < kStageK / kGemmBlockK; ++j)
           ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],
@@ -279,6 +281,28 @@ __global__ void __launch_bounds__(160)
     }
   }
 #endif
+}
+
+// The experimental tiled weight layout (FINEGEMM_FP4_DECODE_TILED=1): W [N, K/2] bytes → chunks of 64 rows ×
+// row_bytes (= stage K / 2), chunk (tile, kb) at ((tile · num_kb + kb) · 64) · row_bytes, zero-padded past N and K,
+// so that each pipeline stage streams one contiguous chunk instead of 64 row pieces 8 KB apart. 16 bytes per thread.
+__global__ void fp4_decode_tile_weights_kernel(const uint8_t* __restrict__ w, int64_t ldw, int n, int k_bytes, int num_kb,
+                                               int row_bytes, uint8_t* __restrict__ out, int64_t total16) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total16;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t byte = i * 16;
+    const int64_t row_in_out = byte / row_bytes;  // (tile · num_kb + kb) · 64 + r
+    const int c = static_cast<int>(byte % row_bytes);
+    const int r = static_cast<int>(row_in_out % kFp4DecodeRows);
+    const int64_t chunk = row_in_out / kFp4DecodeRows;
+    const int kb = static_cast<int>(chunk % num_kb);
+    const int64_t tile = chunk / num_kb;
+    const int64_t row = tile * kFp4DecodeRows + r;
+    const int64_t col = static_cast<int64_t>(kb) * row_bytes + c;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < n && col < k_bytes) v = *reinterpret_cast<const uint4*>(w + row * ldw + col);  // k_bytes % 16 == 0
+    *reinterpret_cast<uint4*>(out + byte) = v;
+  }
 }
 
 }  // namespace finegemm::cuda
