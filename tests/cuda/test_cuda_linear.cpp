@@ -128,6 +128,40 @@ INSTANTIATE_TEST_SUITE_P(AllRecipes, CudaLinearRecipes,
                          ::testing::Combine(::testing::Range(0, static_cast<int>(all_recipes().size())),
                                             ::testing::Range(0, 5)));
 
+// E4M3 weights in the decode kernel (FINEGEMM_FP8_DECODE=1, off by default): every recipe it serves (block scales
+// constant over 64-row tiles and 128 of K; activation scales over 128 or none), M = 1..64, N and K tails, split-K
+// forced to 1 and 3 and the heuristic's, against the CPU reference on a poisoned output; the recipes it does not
+// serve take the general kernel under the same switch and must match too.
+TEST_F(CudaTest, Fp8WeightsInTheDecodeKernel) {
+  const int64_t shapes[][3] = {{1, 256, 512}, {7, 320, 1152}, {33, 200, 2048}, {64, 2112, 7168}, {16, 136, 384}};
+  int served = 0;
+  setenv("FINEGEMM_FP8_DECODE", "1", 1);
+  for (const NamedRecipe& recipe : all_recipes()) {
+    if (recipe.weight.element == ElementType::FP4_E2M1) continue;
+    const bool decode = recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_n % 64 == 0 &&
+                        recipe.weight.block_k % 128 == 0 &&
+                        (recipe.activation.granularity != ActGranularity::PerTokenGroup || recipe.activation.group_size % 128 == 0);
+    served += decode;
+    for (const auto& shape : shapes) {
+      const auto [m, n, k] = std::tuple{shape[0], shape[1], shape[2]};
+      if (recipe.activation.granularity == ActGranularity::PerTokenGroup && k % recipe.activation.group_size != 0) continue;
+      if (recipe.weight.granularity == WeightGranularity::Block && k % recipe.weight.block_k != 0 && !decode) continue;
+      for (const char* split : {"", "1", "3"}) {
+        if (*split) setenv("FINEGEMM_FP4_DECODE_SPLIT", split, 1);
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, m % 2 == 1);
+        const Buffer ref = run_reference(c.args, DType::F32, m, n);
+        const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+        EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " split=" << split;
+        EXPECT_LE(cmp.rel, tolerance(DType::F32)) << recipe.name << " M=" << m << " N=" << n << " K=" << k
+                                                  << " split=" << split;
+        unsetenv("FINEGEMM_FP4_DECODE_SPLIT");
+      }
+    }
+  }
+  unsetenv("FINEGEMM_FP8_DECODE");
+  EXPECT_GE(served, 4) << "all_recipes() lost the block recipes the decode kernel serves";
+}
+
 // Every compiled tile config and split-K, forced through FINEGEMM_GEMM_CONFIG, on shapes with tails in M and N,
 // for each kind of promotion (128-wide, 32-wide, none).
 TEST_F(CudaTest, EveryTileConfig) {

@@ -27,11 +27,12 @@ inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer 
 
 // kStageK: K per pipeline stage, 128 or 256 (weight rows of 64 or 128 bytes per TMA box row; the activation tile is
 // one or two 128-byte-swizzled boxes).
-template <int WN, int kStages, int kStageK>
+// kFp8W: E4M3 weights (128 bytes per row and 128 of K), the option FINEGEMM_FP8_DECODE=1.
+template <int WN, int kStages, int kStageK, bool kFp8W = false>
 struct Fp4DecodeSmem {
   static constexpr int kSteps = kStageK / 32;                     // wgmma k32 steps (MX groups) per stage
   static constexpr int kStageX = WN * kStageK;                    // E4M3 activations: kStageK / 128 boxes of WN × 128
-  static constexpr int kStageW = kFp4DecodeRows * kStageK / 2;    // packed FP4 weights, kStageK / 2 bytes per row
+  static constexpr int kStageW = kFp4DecodeRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
   static constexpr int kStageWScales = kSteps * kFp4DecodeRows * 4;  // [kSteps][64] float
   static constexpr int kStageXScales = kSteps * WN * 4;              // [kSteps][WN] float
   static constexpr int kBytes = kStages * (kStageX + kStageW + kStageWScales + kStageXScales) + 2 * kStages * 8 + 1024;
@@ -82,18 +83,24 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { return p.b_scale_fmt != ScaleFmt::F32; }
 
 // grid: (ceil(N / 64) tiles) × split; block 160 threads. kb_per_split stages (kStageK of K each) per split.
-template <int WN, int kStages, int kStageK>
+// kFp8W (FINEGEMM_FP8_DECODE=1, off until measured): E4M3 weights with block scales constant over each 64-row tile
+// and 128 of K (b_block_n % 64 == 0, b_block_k % 128 == 0). The weights are the wgmma's A from shared memory (no
+// expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
+// (loaded by the consumers before they wait for the stage) and the tokens' scales.
+template <int WN, int kStages, int kStageK, bool kFp8W = false>
 __global__ void __launch_bounds__(160)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, bool tiled) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
-  using Smem = Fp4DecodeSmem<WN, kStages, kStageK>;
+  static_assert(!kFp8W || kStageK == 128, "E4M3 weights: 128 of K per stage (128-byte rows)");
+  using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W>;
   using Mma = ptx::WgmmaFp8RegA<WN>;
+  using MmaSmem = ptx::WgmmaFp8<WN>;
   constexpr int kAcc = WN / 2;
   constexpr int kSteps = Smem::kSteps;
-  constexpr int kRowBytes = kStageK / 2;
+  constexpr int kRowBytes = kFp8W ? kStageK : kStageK / 2;
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
@@ -156,7 +163,9 @@ __global__ void __launch_bounds__(160)
       // last scale read the last one (their weights are zero-filled).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (word_scales) {
+        if (kFp8W) {
+          // E4M3 weights: the consumers load the tile's block scale themselves.
+        } else if (word_scales) {
 #pragma unroll
           for (int q = 0; q < kSteps / 4; ++q) {
             const int group = min(kb * kSteps + 4 * q, p.b_scale_cols - 4);  // UE8M0: cols % 4 == 0 (host)
@@ -231,6 +240,41 @@ __global__ void __launch_bounds__(160)
     }
   };
 
+  if constexpr (kFp8W) {
+    for (int i = 0; i < kb_count; ++i) {
+      const int stage = i % kStages;
+      const int kb = kb_begin + i;
+      // The tile's block scale for this stage, loaded before the wait so that its latency hides behind it.
+      const float w_scale = load_b_scale(p, 0, n0 / p.b_block_n, min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
+      ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+      // One wgmma per step over the warpgroup's 64 rows: A (weights) and B (tokens) both from shared memory.
+      const uint64_t desc_w = ptx::make_desc_k_major_sw128(smem_w + stage * Smem::kStageW);
+      const uint64_t desc_x = ptx::make_desc_k_major_sw128(smem_x + stage * Smem::kStageX);
+      float acc[kAcc];
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) MmaSmem::mma(desc_w + (s * 32 >> 4), desc_x + (s * 32 >> 4), acc, s > 0);
+      ptx::wgmma_commit();
+      // The tokens' scales of this stage (one per token over its 128 of K) into registers before the release.
+      const float* xs = smem_xs + stage * kSteps * WN;
+      float2 xv[WN / 8];
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j)
+        xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(acc);
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        const float s0 = w_scale * xv[j].x, s1 = w_scale * xv[j].y;
+        total[4 * j + 0] = fmaf(acc[4 * j + 0], s0, total[4 * j + 0]);
+        total[4 * j + 1] = fmaf(acc[4 * j + 1], s1, total[4 * j + 1]);
+        total[4 * j + 2] = fmaf(acc[4 * j + 2], s0, total[4 * j + 2]);
+        total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
+      }
+    }
+  } else {
   for (int i = 0; i < kb_count; ++i) {
     const int stage = i % kStages;
     ptx::mbar_wait(&full[stage], (i / kStages) & 1);
@@ -266,6 +310,7 @@ __global__ void __launch_bounds__(160)
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(&empty[stage]);
   }
+  }  // FP4 weights
 
   // Epilogue: accumulator i holds row n0 + r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1).
 #pragma unroll

@@ -13,28 +13,30 @@ namespace {
 
 // Stages (kStageK of K each): about 50 KB (128) or 75 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share
 // an SM; fewer at WN = 32 and 64, whose activation tiles are larger.
-template <int WN, int kStageK>
-constexpr int kFp4DecodeStages = kStageK == 128 ? (WN <= 16 ? 8 : 6) : (WN <= 16 ? 6 : (WN == 32 ? 4 : 3));
+// E4M3 weights (8 KB per stage): 6 stages at WN ≤ 16, 4 at 32 and 64.
+template <int WN, int kStageK, bool kFp8W>
+constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4)
+                                       : (kStageK == 128 ? (WN <= 16 ? 8 : 6) : (WN <= 16 ? 6 : (WN == 32 ? 4 : 3)));
 
-template <int WN, int kStageK>
+template <int WN, int kStageK, bool kFp8W>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK>, kStageK>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>;
 }
 
-template <int WN, int kStageK>
+template <int WN, int kStageK, bool kFp8W>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK>, kStageK>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN, int kStageK>
+template <int WN, int kStageK, bool kFp8W>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK>();
-    constexpr int kSmem = fp4_decode_smem<WN, kStageK>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W>();
+    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, 160, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
@@ -43,31 +45,34 @@ int prepare_kernel(int device) {
   return ctas;
 }
 
-template <int kStageK>
+template <int kStageK, bool kFp8W>
 int prepare(int wn, int device) {
   switch (wn) {
-    case 8: return prepare_kernel<8, kStageK>(device);
-    case 16: return prepare_kernel<16, kStageK>(device);
-    case 32: return prepare_kernel<32, kStageK>(device);
-    default: return prepare_kernel<64, kStageK>(device);
+    case 8: return prepare_kernel<8, kStageK, kFp8W>(device);
+    case 16: return prepare_kernel<16, kStageK, kFp8W>(device);
+    case 32: return prepare_kernel<32, kStageK, kFp8W>(device);
+    default: return prepare_kernel<64, kStageK, kFp8W>(device);
   }
 }
 
-int prepare(int wn, int stage_k, int device) { return stage_k == 128 ? prepare<128>(wn, device) : prepare<256>(wn, device); }
+int prepare(int wn, int stage_k, bool fp8_weights, int device) {
+  if (fp8_weights) return prepare<128, true>(wn, device);
+  return stage_k == 128 ? prepare<128, false>(wn, device) : prepare<256, false>(wn, device);
+}
 
-template <int WN, int kStageK>
+template <int WN, int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
-  fp4_decode_kernel<WN, kStageK>()<<<c.tiles * c.split_k, 160, fp4_decode_smem<WN, kStageK>(), stream>>>(
+  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, 160, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
       x, w, p, c.split_k, c.kb_per_split, c.swizzle, c.tiled);
 }
 
-template <int kStageK>
+template <int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK>(x, w, p, c, stream);
-    case 16: return launch<16, kStageK>(x, w, p, c, stream);
-    case 32: return launch<32, kStageK>(x, w, p, c, stream);
-    default: return launch<64, kStageK>(x, w, p, c, stream);
+    case 8: return launch<8, kStageK, kFp8W>(x, w, p, c, stream);
+    case 16: return launch<16, kStageK, kFp8W>(x, w, p, c, stream);
+    case 32: return launch<32, kStageK, kFp8W>(x, w, p, c, stream);
+    default: return launch<64, kStageK, kFp8W>(x, w, p, c, stream);
   }
 }
 
@@ -75,12 +80,13 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
 
-Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device) {
+Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights) {
   Fp4DecodeConfig c;
+  c.fp8_weights = fp8_weights;
   c.wn = fp4_decode_width(m);
   c.tiles = ceil_div(n, kFp4DecodeRows);
   c.stage_k = 128;
-  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced) {
+  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced && !fp8_weights) {
     c.stage_k = std::atoi(forced);
     if (c.stage_k != 128 && c.stage_k != 256)
       throw Error(std::string("FINEGEMM_FP4_DECODE_STAGE_K: expected 128 or 256, got '") + forced + "'");
@@ -88,7 +94,7 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
   // at least 512 of K per split: each split costs M × N floats of partials.
-  const int resident = prepare(c.wn, c.stage_k, device) * num_sms;
+  const int resident = prepare(c.wn, c.stage_k, c.fp8_weights, device) * num_sms;
   int split = std::max(1, resident / c.tiles);
   split = std::min(split, std::max(1, num_kb / (512 / c.stage_k)));
   if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_SPLIT"); forced && *forced) {
@@ -100,10 +106,10 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.kb_per_split = ceil_div(num_kb, split);
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
-  c.tiled = env_switch("FINEGEMM_FP4_DECODE_TILED", false);
+  c.tiled = !fp8_weights && env_switch("FINEGEMM_FP4_DECODE_TILED", false);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: fp4 decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d "
-                 "tiled=%d\n", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0, c.tiled ? 1 : 0);
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d "
+                 "tiled=%d\n", fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0, c.tiled ? 1 : 0);
   return c;
 }
 
@@ -154,7 +160,7 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   Fp4DecodeConfig c = config;
-  prepare(c.wn, c.stage_k, device);
+  prepare(c.wn, c.stage_k, c.fp8_weights, device);
   const void* tiled = c.tiled ? tiled_copy(device, b, ldb, p, c.stage_k, stream) : nullptr;
   c.tiled = tiled != nullptr;
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
@@ -163,11 +169,16 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   const int64_t w_rows = c.tiled ? static_cast<int64_t>(ceil_div(p.n, kFp4DecodeRows)) * ceil_div(p.k, c.stage_k) * kFp4DecodeRows : p.n;
   const void* w_ptr = c.tiled ? tiled : b;
   const int64_t w_cols = c.tiled ? row_bytes : p.k / 2, w_ld = c.tiled ? row_bytes : ldb;
+  if (c.fp8_weights) {
+    launch<128, true>(tma_x, make_tma_2d(b, p.n, p.k, ldb, kFp4DecodeRows), p, c, stream);
+    FG_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const CUtensorMap tma_w = c.stage_k == 128
                                 ? make_tma_2d(w_ptr, w_rows, w_cols, w_ld, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(w_ptr, w_rows, w_cols, w_ld, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 128) launch<128>(tma_x, tma_w, p, c, stream);
-  else launch<256>(tma_x, tma_w, p, c, stream);
+  if (c.stage_k == 128) launch<128, false>(tma_x, tma_w, p, c, stream);
+  else launch<256, false>(tma_x, tma_w, p, c, stream);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 

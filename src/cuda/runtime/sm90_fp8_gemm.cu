@@ -221,10 +221,16 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
                           p.b_scale != nullptr && fp4_decode_scales_ok &&
                           (p.a_scale == nullptr || p.a_group % 128 == 0 || 128 % p.a_group == 0) &&
                           env_switch("FINEGEMM_FP4_DECODE", true);
-  const Fp4DecodeConfig decode =
-      fp4_decode ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device) : Fp4DecodeConfig{};
+  // E4M3 weights in the same decode kernel (off until measured): block scales constant over its 64-row tiles and
+  // 128 of K, activation scales constant over 128 of K.
+  const bool fp8_decode = !p.b_fp4 && p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
+                          p.b_scale != nullptr && p.b_block_n % 64 == 0 && p.b_block_k % 128 == 0 &&
+                          (p.a_scale == nullptr || p.a_group % 128 == 0) && env_switch("FINEGEMM_FP8_DECODE", false);
+  const Fp4DecodeConfig decode = fp4_decode || fp8_decode
+                                     ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
+                                     : Fp4DecodeConfig{};
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
-  if (fp4_decode) c.split_k = decode.split_k;
+  if (fp4_decode || fp8_decode) c.split_k = decode.split_k;
   if (p.b_fp4) {
     c.stages = 0;  // set by the FP4 dispatch
     // FP4 kernels: 64 or 128 rows and columns, no clusters.
@@ -235,8 +241,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
       c.grid = std::min(num_sms_of_device(device), ceil_div(p.m, c.block_m) * ceil_div(p.n, c.block_n) * c.split_k);
     }
   }
-  const CUtensorMap tma_a = fp4_decode ? CUtensorMap{} : make_tma_2d(a, p.m, p.k, lda, c.block_m);
-  const CUtensorMap tma_b = fp4_decode ? CUtensorMap{} : p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
+  const CUtensorMap tma_a = fp4_decode || fp8_decode ? CUtensorMap{} : make_tma_2d(a, p.m, p.k, lda, c.block_m);
+  const CUtensorMap tma_b = fp4_decode || fp8_decode ? CUtensorMap{} : p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
   // One scheduler per compiled tile height; each kernel takes the one of its BLOCK_M (256: 2-CTA cluster pairs).
   const auto s64 = normal_scheduler<64>(p, c);
@@ -262,7 +268,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   }
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
-  if (fp4_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
+  if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
   else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
