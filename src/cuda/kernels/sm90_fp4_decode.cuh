@@ -194,6 +194,7 @@ __global__ void __launch_bounds__(160)
       }
       ptx::cp_async_mbar_arrive_noinc(&full[stage]);
     }
+    ptx::cp_async_wait_all();  // no copy outlives its thread
     return;
   }
 

@@ -109,7 +109,7 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.tiled = !fp8_weights && env_switch("FINEGEMM_FP4_DECODE_TILED", false);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
     std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d "
-                 "tiled=%d\n", fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0, c.tiled ? 1 : 0);
+                 "tiled(requested)=%d\n", fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0, c.tiled ? 1 : 0);
   return c;
 }
 
@@ -121,12 +121,13 @@ std::mutex tiled_mutex;
 std::map<std::tuple<int, const void*, int, int, int64_t, int>, void*> tiled_weights;
 
 const void* tiled_copy(int device, const void* b, int64_t ldb, const GemmParams& p, int stage_k, cudaStream_t stream) {
+  // Never under capture (a graph would keep a pointer that release_cached_memory frees): the plain layout runs.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
   std::lock_guard<std::mutex> lock(tiled_mutex);
   const auto key = std::make_tuple(device, b, p.n, p.k, ldb, stage_k);
   if (auto it = tiled_weights.find(key); it != tiled_weights.end()) return it->second;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;  // no allocation under capture: the plain layout runs
   const int row_bytes = stage_k / 2;
   const int num_kb = ceil_div(p.k, stage_k);
   const int64_t bytes = static_cast<int64_t>(ceil_div(p.n, kFp4DecodeRows)) * num_kb * kFp4DecodeRows * row_bytes;
@@ -137,6 +138,8 @@ const void* tiled_copy(int device, const void* b, int64_t ldb, const GemmParams&
   fp4_decode_tile_weights_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint8_t*>(b), ldb, p.n, p.k / 2, num_kb,
                                                              row_bytes, static_cast<uint8_t*>(out), total16);
   FG_CUDA_CHECK(cudaGetLastError());
+  // Complete before any stream uses it (a later call may come on another stream).
+  FG_CUDA_CHECK(cudaStreamSynchronize(stream));
   tiled_weights.emplace(key, out);
   return out;
 }

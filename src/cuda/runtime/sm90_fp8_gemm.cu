@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -217,15 +218,19 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
       p.b_scale_fmt == ScaleFmt::F32 ||
       (p.b_scale_fmt == ScaleFmt::UE8M0_PACKED && p.b_scale_cols % 4 == 0) ||
       (reinterpret_cast<uintptr_t>(p.b_scale) % 4 == 0 && p.b_scale_stride_n % 4 == 0 && p.b_scale_cols % 4 == 0);
+  // Its steps are 32 wide: MX 1x32 weight scales, activation groups of 32, 64, 128 or multiples of 128; K well
+  // inside int (stage offsets are int).
+  const bool decode_groups_ok =
+      (p.a_scale == nullptr || p.a_group % 128 == 0 || p.a_group == 32 || p.a_group == 64) && p.k <= INT32_MAX - 1024;
   const bool fp4_decode = p.b_fp4 && p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
-                          p.b_scale != nullptr && fp4_decode_scales_ok &&
-                          (p.a_scale == nullptr || p.a_group % 128 == 0 || 128 % p.a_group == 0) &&
-                          env_switch("FINEGEMM_FP4_DECODE", true);
+                          p.b_scale != nullptr && p.b_block_n == 1 && p.b_block_k == 32 && fp4_decode_scales_ok &&
+                          decode_groups_ok && env_switch("FINEGEMM_FP4_DECODE", true);
   // E4M3 weights in the same decode kernel (off until measured): block scales constant over its 64-row tiles and
   // 128 of K, activation scales constant over 128 of K.
   const bool fp8_decode = !p.b_fp4 && p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
                           p.b_scale != nullptr && p.b_block_n % 64 == 0 && p.b_block_k % 128 == 0 &&
-                          (p.a_scale == nullptr || p.a_group % 128 == 0) && env_switch("FINEGEMM_FP8_DECODE", false);
+                          (p.a_scale == nullptr || p.a_group % 128 == 0) && p.k <= INT32_MAX - 1024 &&
+                          env_switch("FINEGEMM_FP8_DECODE", false);
   const Fp4DecodeConfig decode = fp4_decode || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
                                      : Fp4DecodeConfig{};
