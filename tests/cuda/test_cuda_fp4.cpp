@@ -481,15 +481,7 @@ std::vector<std::string> tile_configs(bool gpu) {
   return {"", "64x64:1", "64x128:1", "128x64:1", "128x128:1", "64x128:3", "128x128:2"};
 }
 
-struct ScopedGemmConfig {
-  explicit ScopedGemmConfig(const std::string& config) {
-    if (!config.empty()) setenv("FINEGEMM_GEMM_CONFIG", config.c_str(), 1);
-  }
-  ~ScopedGemmConfig() { unsetenv("FINEGEMM_GEMM_CONFIG"); }
-  ScopedGemmConfig(const ScopedGemmConfig&) = delete;
-  ScopedGemmConfig& operator=(const ScopedGemmConfig&) = delete;
-};
-
+// Sets an environment variable for a scope (an empty value leaves it unset); unsets it at the end.
 struct ScopedEnv {
   ScopedEnv(const char* name, const std::string& value) : name_(name) {
     if (!value.empty()) setenv(name, value.c_str(), 1);
@@ -504,7 +496,7 @@ struct ScopedEnv {
 
 void check_exact_every_config(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& w) {
   for (const std::string& config : tile_configs(gpu)) {
-    const ScopedGemmConfig scope(config);
+    const ScopedEnv scope("FINEGEMM_GEMM_CONFIG", config);
     // M ≤ 64 goes to the FP4 decode kernel (sm90_fp4_decode.cuh) unless FINEGEMM_FP4_DECODE=0: a forced tile config
     // tests the general kernel at every M.
     const ScopedEnv general("FINEGEMM_FP4_DECODE", config.empty() ? "" : "0");
@@ -527,7 +519,7 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
   // prefill tiles: the same exact results.
   setenv("FINEGEMM_FP4_BATCHED_EXPAND", "1", 1);
   for (const std::string config : {"", "64x64:1", "128x128:1"}) {
-    const ScopedGemmConfig scope(config);
+    const ScopedEnv scope("FINEGEMM_GEMM_CONFIG", config);
     check_exact(target, gpu, name + " (FINEGEMM_FP4_BATCHED_EXPAND=1, FINEGEMM_GEMM_CONFIG=" + config + ")", w);
   }
   unsetenv("FINEGEMM_FP4_BATCHED_EXPAND");
