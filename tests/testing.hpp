@@ -2,8 +2,10 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/formats.hpp"
@@ -98,5 +100,18 @@ inline Comparison compare(const TensorView& out, const TensorView& ref) {
   for (int64_t i = 0; i < ref.numel(); ++i) r[i] = get(ref, i);
   return compare(out, r);
 }
+
+// Sets an environment variable for a scope (an empty value leaves it unset); unsets it at the end.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (!value.empty()) setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 }  // namespace finegemm::testing

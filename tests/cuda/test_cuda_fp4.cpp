@@ -34,6 +34,7 @@ namespace finegemm {
 namespace {
 
 using testing::Buffer;
+using testing::ScopedEnv;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Where a test runs, and the one helper per op that runs it there.
@@ -481,19 +482,6 @@ std::vector<std::string> tile_configs(bool gpu) {
   return {"", "64x64:1", "64x128:1", "128x64:1", "128x128:1", "64x128:3", "128x128:2"};
 }
 
-// Sets an environment variable for a scope (an empty value leaves it unset); unsets it at the end.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (!value.empty()) setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
 void check_exact_every_config(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& w) {
   for (const std::string& config : tile_configs(gpu)) {
     const ScopedEnv scope("FINEGEMM_GEMM_CONFIG", config);
@@ -609,24 +597,6 @@ TEST_P(Fp4Linear, ExactRandomSpreadsWithKTail) {
   ASSERT_GT(tail_wide, 0) << "self-check: the tail block promotes in some rows";
   ASSERT_LT(tail_wide, w.n) << "self-check: the tail block folds in some rows";
   check_exact_every_config(target(), gpu(), "random spreads, K tail", w);
-}
-
-// The experimental tiled weight layout of the FP4 decode kernel (FINEGEMM_FP4_DECODE_TILED=1: a cached copy in
-// 64-row × stage-K chunks, one contiguous chunk per stage), stage K 128 and 256, with N and K tails: exact.
-// The copies are keyed by weight pointer (the experiment assumes immutable weights), so the cache is dropped before
-// each matrix; within one check_exact every scale format shares the same codes.
-TEST_P(Fp4Linear, ExactTiledDecodeLayout) {
-  if (!gpu()) GTEST_SKIP() << "a CUDA kernel option";
-  const Fp4Matrix tail = crafted_matrix(200, 480, [](int64_t, int64_t b) { return b == 1 ? 12 : 3; });
-  const Fp4Matrix wide = crafted_matrix(136, 1024, [](int64_t row, int64_t) { return row % 2 ? 9 : 0; });
-  for (const Fp4Matrix* w : {&tail, &wide}) {
-    for (const std::string stage_k : {"128", "256"}) {
-      release_cached_memory(0);
-      const ScopedEnv tiled("FINEGEMM_FP4_DECODE_TILED", "1"), stage("FINEGEMM_FP4_DECODE_STAGE_K", stage_k);
-      check_exact(target(), gpu(), "tiled decode layout, stage K " + stage_k, *w);
-    }
-  }
-  release_cached_memory(0);
 }
 
 // The exact check can fail: one scale exponent off by one (in the tensor, not in the model) shows up at exactly the

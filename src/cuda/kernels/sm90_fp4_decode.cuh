@@ -13,9 +13,13 @@
 //     swizzled) and the activation tile (WN rows × 128 bytes per 128 of K, 128-byte swizzle, rows past M
 //     zero-filled), and cp.async copies of the stage's scales into shared memory (weight scales per row and group,
 //     activation scales per token and step), all completing on the stage's full barrier.
-//   - Consumers: per 32-wide step (one MX group), wgmma m64nWNk32 into a fresh accumulator (two alternate, so one
-//     step's wgmma runs while the other is promoted), then sum += acc · w_scale[row]; at the end of each activation
-//     group (32, 64 or 128 wide), total += sum · x_scale[token]. Exact for any spread of the weight scales.
+//   - Consumers, per 128 of K (four 32-wide steps, four MX groups per row), one of two ways, voted warpgroup-wide:
+//     - fold: UE8M0 scales within 2^8 of the row's largest in every row, one activation scale over the 128: each
+//       group's codes expand scaled by 2^-(e_max - e) (exact in E4M3), the four wgmma m64nWNk32 accumulate in one
+//       chain, and total += acc · 2^e_max · x_scale[token] once;
+//     - per step: each step's wgmma into its own accumulator (up to four in flight), then sum += acc · w_scale[row]
+//       and, at the end of each activation group (32, 64 or 128 wide), total += sum · x_scale[token].
+//     Both are exact for any spread of the weight scales.
 // Work: one CTA per (64-row weight tile, K split). With split-K the partial totals go to p.workspace[split][M][N]
 // (splitk_reduce_kernel finishes); otherwise the epilogue stores y with the row/col scales and the bias.
 #pragma once
@@ -35,15 +39,35 @@ struct Fp4DecodeSmem {
   static constexpr int kStageW = kFp4DecodeRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
   static constexpr int kStageWScales = kSteps * kFp4DecodeRows * 4;  // [kSteps][64] float
   static constexpr int kStageXScales = kSteps * WN * 4;              // [kSteps][WN] float
-  static constexpr int kBytes = kStages * (kStageX + kStageW + kStageWScales + kStageXScales) + 2 * kStages * 8 + 1024;
+  static constexpr int kFoldTable = 16 * 8;                          // fp4_fold_table: 9 used
+  static constexpr int kBytes =
+      kStages * (kStageX + kStageW + kStageWScales + kStageXScales) + 2 * kStages * 8 + kFoldTable + 1024;
 };
 
 // Four E2M1 codes (16 bits, element 0 in the low nibble) → four E4M3 bytes (element 0 in the low byte). Exact.
-// Magnitudes: a byte permute over the 8-entry table; signs: a second permute picks 0x00 or 0x80 per byte.
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h) {
-  const uint32_t mag = __byte_perm(0x3C383000u /* 0, 0.5, 1, 1.5 */, 0x4C484440u /* 2, 3, 4, 6 */, h & 0x7777u);
+// Magnitudes: a byte permute over the 8-entry table `tab` (tab.x: codes 0-3, tab.y: codes 4-7); signs: a second
+// permute picks 0x00 or 0x80 per byte.
+inline constexpr uint2 kE2m1Table = {0x3C383000u /* 0, 0.5, 1, 1.5 */, 0x4C484440u /* 2, 3, 4, 6 */};
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab = kE2m1Table) {
+  const uint32_t mag = __byte_perm(tab.x, tab.y, h & 0x7777u);
   const uint32_t sign = __byte_perm(0x00008000u, 0u, (h >> 3) & 0x1111u);
   return mag | sign;
+}
+
+// The E2M1 magnitudes times 2^-d as E4M3 bytes, d = 0..8 (exact: 0.5 · 2^-8 = 2^-9 is E4M3's smallest subnormal),
+// in the layout of kE2m1Table. Row d of the fold: a group whose scale is 2^-d of its segment's largest.
+__device__ __forceinline__ uint2 fp4_fold_table_row(int d) {
+  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j / 4] |= static_cast<uint32_t>(fmt::e4m3_from_float(ldexpf(mags[j], -d))) << (8 * (j % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+// fmt::ue8m0_to_float without branches: 2^(e - 127), e = 0 → 2^-127 (a float subnormal), e = 255 → NaN.
+__device__ __forceinline__ float ue8m0_bits_to_float(uint32_t e) {
+  const uint32_t bits = e == 0u ? 0x00400000u : (e == 255u ? 0x7FC00000u : e << 23);
+  return __uint_as_float(bits);
 }
 
 // The wgmma A fragment (m64k32, 8-bit) of step s for this thread: rows r and r + 8 of the warp's 16, columns
@@ -51,15 +75,16 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h) {
 // thread's columns are bytes 2t..2t+1 and 8+2t..9+2t of it. Swizzled, chunk c of row r sits at c ^ (r/2 % 4) with
 // 64-byte rows (64-byte swizzle) and at c ^ (r % 8) with 128-byte rows (128-byte swizzle).
 template <int kRowBytes>
-__device__ __forceinline__ void fp4_fragment(const uint8_t* tile, int r, int t, int s, bool swizzle, uint32_t (&a)[4]) {
+__device__ __forceinline__ void fp4_fragment(const uint8_t* tile, int r, int t, int s, bool swizzle, uint32_t (&a)[4],
+                                             uint2 tab0 = kE2m1Table, uint2 tab1 = kE2m1Table) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = r + 8 * h;
     const int pattern = kRowBytes == 64 ? ((row >> 1) & 3) : (row & 7);
     const int chunk = swizzle ? (s ^ pattern) : s;
     const uint8_t* p = tile + row * kRowBytes + chunk * 16 + 2 * t;
-    a[h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p));
-    a[2 + h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p + 8));
+    a[h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p), h ? tab1 : tab0);
+    a[2 + h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p + 8), h ? tab1 : tab0);
   }
 }
 
@@ -90,7 +115,7 @@ __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { re
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
 __global__ void __launch_bounds__(160)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
-                           const GemmParams p, int split_k, int kb_per_split, bool swizzle, bool tiled) {
+                           const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
@@ -110,6 +135,7 @@ __global__ void __launch_bounds__(160)
   float* smem_xs = smem_ws + kStages * kSteps * kFp4DecodeRows;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_xs + kStages * kSteps * WN);
   uint64_t* empty = full + kStages;
+  uint2* fold_tab = reinterpret_cast<uint2*>(empty + kStages);
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -129,6 +155,7 @@ __global__ void __launch_bounds__(160)
     }
     ptx::fence_barrier_init();
   }
+  if (!kFp8W && threadIdx.x < 9) fold_tab[threadIdx.x] = fp4_fold_table_row(threadIdx.x);
   __syncthreads();
   const bool word_scales = fp4_decode_word_scales(p);
 
@@ -149,9 +176,7 @@ __global__ void __launch_bounds__(160)
       if (lane == 0) {
         // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
         ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
-        // Tiled weights (fp4_decode_tile_weights): each stage's 64 rows × kRowBytes are one contiguous chunk.
-        if (tiled) ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], 0, (tile * num_kb + kb) * kFp4DecodeRows);
-        else ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, n0);
+        ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, n0);
 #pragma unroll
         for (int j = 0; j < kStageK / kGemmBlockK; ++j)
           ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],
@@ -210,19 +235,9 @@ __global__ void __launch_bounds__(160)
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) total[i] = sum[i] = 0.0f;
 
-  auto promote = [&](int s, const float (&acc)[kAcc], const float* ws, const float* xs, int group0) {
-    float w0, w1;
-    if (group0 + s >= p.b_scale_cols) {
-      // Past K: the data is zero-filled, and a packed word's spare bytes (or a clamped word) are no scales of it.
-      w0 = w1 = 0.0f;
-    } else if (word_scales) {
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(ws) + (s / 4) * kFp4DecodeRows;
-      w0 = fmt::ue8m0_to_float(fmt::ue8m0_unpack(static_cast<int32_t>(words[r0]), s % 4));
-      w1 = fmt::ue8m0_to_float(fmt::ue8m0_unpack(static_cast<int32_t>(words[r0 + 8]), s % 4));
-    } else {
-      w0 = ws[s * kFp4DecodeRows + r0];
-      w1 = ws[s * kFp4DecodeRows + r0 + 8];
-    }
+  // Step s's wgmma result into the sum of its activation group, with the weight scales w0, w1 of rows r0, r0 + 8;
+  // the sum into the total at the group's end, with the tokens' scales.
+  auto promote = [&](int s, const float (&acc)[kAcc], float w0, float w1, const float* xs) {
     const bool first = (s & xgroup_mask) == 0;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
@@ -276,41 +291,104 @@ __global__ void __launch_bounds__(160)
       }
     }
   } else {
-  for (int i = 0; i < kb_count; ++i) {
-    const int stage = i % kStages;
-    ptx::mbar_wait(&full[stage], (i / kStages) & 1);
-    const uint8_t* wt = smem_w + stage * Smem::kStageW;
-    const float* ws = smem_ws + stage * kSteps * kFp4DecodeRows;
-    const float* xs = smem_xs + stage * kSteps * WN;
-    const uint8_t* xt = smem_x + stage * Smem::kStageX;
-    auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
-      return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
-    };
-    // Two accumulators (and A fragments) alternate: step s + 1's wgmma runs while step s is promoted.
-    uint32_t a[2][4];
-    float acc[2][kAcc];
-    fp4_fragment<kRowBytes>(wt, r0, t, 0, swizzle, a[0]);
-    ptx::wgmma_fence();
-    Mma::mma(a[0], desc_of(0), acc[0], false);
-    ptx::wgmma_commit();
+    // Per 128 of K (one scale word per row: four MX groups) the consumers vote. The fold needs UE8M0 scales, one
+    // activation scale over the 128, and in every row of the tile scales within 2^8 of the row's largest there:
+    // then each group's codes expand through fold table row d = e_max - e (exact, see fp4_fold_table_row), the four
+    // steps accumulate in one wgmma chain, and one promotion per row applies 2^e_max. Otherwise each step runs into
+    // its own accumulator (kPar at once) and is promoted with its own scale.
+    constexpr int kPar = WN <= 32 ? 4 : 2;
+    const bool may_fold = word_scales && xgroup_mask == 3;
+    for (int i = 0; i < kb_count; ++i) {
+      const int stage = i % kStages;
+      ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+      const uint8_t* wt = smem_w + stage * Smem::kStageW;
+      const float* ws = smem_ws + stage * kSteps * kFp4DecodeRows;
+      const float* xs = smem_xs + stage * kSteps * WN;
+      const uint8_t* xt = smem_x + stage * Smem::kStageX;
+      auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
+        return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
+      };
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      if (s + 1 < kSteps) {
-        fp4_fragment<kRowBytes>(wt, r0, t, s + 1, swizzle, a[(s + 1) & 1]);
-        ptx::wgmma_fence();
-        Mma::mma(a[(s + 1) & 1], desc_of(s + 1), acc[(s + 1) & 1], false);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<1>();
-      } else {
-        ptx::wgmma_wait<0>();
+      for (int q = 0; q < kSteps / 4; ++q) {
+        // MX groups of these four inside K (the rest, at the K tail, have zero-filled codes and no scale): their
+        // bytes of the scale words are masked to 0 (no shift, no contribution to the maximum).
+        const int valid = p.b_scale_cols - ((kb_begin + i) * kSteps + 4 * q);
+        const uint32_t keep = valid >= 4 ? 0xFFFFFFFFu : (valid <= 0 ? 0u : (1u << (8 * valid)) - 1u);
+        uint32_t word[2] = {0u, 0u}, shifts[2] = {0u, 0u}, e_max[2] = {0u, 0u};
+        bool fold = may_fold;
+        if (word_scales) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            word[h] = reinterpret_cast<const uint32_t*>(ws)[q * kFp4DecodeRows + r0 + 8 * h] & keep;
+            const uint32_t m = __vmaxu4(word[h], word[h] >> 16);
+            e_max[h] = __vmaxu4(m, m >> 8) & 0xFFu;
+            shifts[h] = __vsub4(e_max[h] * 0x01010101u, word[h]) & keep;  // per byte: e_max - e (0 past K)
+            fold = fold && __vcmpgtu4(shifts[h], 0x08080808u) == 0u;
+          }
+        }
+        // wgmma is warpgroup-wide: one decision for all 128 consumers (no barrier when the recipe never folds).
+        if (may_fold) fold = ptx::named_bar_and<1, 128>(fold);
+        if (fold) {
+          uint32_t a[4][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            fp4_fragment<kRowBytes>(wt, r0, t, 4 * q + j, swizzle, a[j], fold_tab[(shifts[0] >> (8 * j)) & 0xFFu],
+                                    fold_tab[(shifts[1] >> (8 * j)) & 0xFFu]);
+          float acc[kAcc];
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < 4; ++j) Mma::mma(a[j], desc_of(4 * q + j), acc, j > 0);
+          ptx::wgmma_commit();
+          float2 xv[WN / 8];
+#pragma unroll
+          for (int j = 0; j < WN / 8; ++j)
+            xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+          const float row_scale[2] = {ue8m0_bits_to_float(e_max[0]), ue8m0_bits_to_float(e_max[1])};
+          ptx::wgmma_wait<0>();
+          ptx::fence_operands(acc);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) fence_regs(a[j]);
+#pragma unroll
+          for (int j = 0; j < WN / 8; ++j) {
+            total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv[j].x, total[4 * j + 0]);
+            total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv[j].y, total[4 * j + 1]);
+            total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv[j].x, total[4 * j + 2]);
+            total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
+          }
+        } else {
+          float wsc[2][4];  // per row and step: the group's scale (0 past K)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if (word_scales) wsc[h][j] = j < valid ? ue8m0_bits_to_float((word[h] >> (8 * j)) & 0xFFu) : 0.0f;
+              else wsc[h][j] = j < valid ? ws[(4 * q + j) * kFp4DecodeRows + r0 + 8 * h] : 0.0f;
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < 4; b += kPar) {
+            uint32_t a[kPar][4];
+            float acc[kPar][kAcc];
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) fp4_fragment<kRowBytes>(wt, r0, t, 4 * q + b + j, swizzle, a[j]);
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) {
+              ptx::fence_operands(acc[j]);
+              fence_regs(a[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs);
+          }
+        }
       }
-      ptx::fence_operands(acc[s & 1]);
-      fence_regs(a[s & 1]);
-      promote(s, acc[s & 1], ws, xs, (kb_begin + i) * kSteps);
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
     }
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&empty[stage]);
-  }
   }  // FP4 weights
 
   // Epilogue: accumulator i holds row n0 + r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1).
@@ -327,28 +405,6 @@ __global__ void __launch_bounds__(160)
     }
   }
 #endif
-}
-
-// The experimental tiled weight layout (FINEGEMM_FP4_DECODE_TILED=1): W [N, K/2] bytes → chunks of 64 rows ×
-// row_bytes (= stage K / 2), chunk (tile, kb) at ((tile · num_kb + kb) · 64) · row_bytes, zero-padded past N and K,
-// so that each pipeline stage streams one contiguous chunk instead of 64 row pieces 8 KB apart. 16 bytes per thread.
-__global__ void fp4_decode_tile_weights_kernel(const uint8_t* __restrict__ w, int64_t ldw, int n, int k_bytes, int num_kb,
-                                               int row_bytes, uint8_t* __restrict__ out, int64_t total16) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total16;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t byte = i * 16;
-    const int64_t row_in_out = byte / row_bytes;  // (tile · num_kb + kb) · 64 + r
-    const int c = static_cast<int>(byte % row_bytes);
-    const int r = static_cast<int>(row_in_out % kFp4DecodeRows);
-    const int64_t chunk = row_in_out / kFp4DecodeRows;
-    const int kb = static_cast<int>(chunk % num_kb);
-    const int64_t tile = chunk / num_kb;
-    const int64_t row = tile * kFp4DecodeRows + r;
-    const int64_t col = static_cast<int64_t>(kb) * row_bytes + c;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < n && col < k_bytes) v = *reinterpret_cast<const uint4*>(w + row * ldw + col);  // k_bytes % 16 == 0
-    *reinterpret_cast<uint4*>(out + byte) = v;
-  }
 }
 
 }  // namespace finegemm::cuda

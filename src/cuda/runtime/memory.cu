@@ -73,14 +73,11 @@ void* scratch_alloc(size_t bytes, cudaStream_t stream) {
   return ptr;
 }
 
-void release_fp4_decode_tiled(int device);  // sm90_fp4_decode.cu
-
 void release_scratch(int device) {
   int count = 0;
   FG_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (device < 0 || device >= count)
     throw Error("cuda_device: expected 0.." + std::to_string(count - 1) + ", got " + std::to_string(device));
-  release_fp4_decode_tiled(device);
   // A device finegemm has not allocated scratch on is left alone (no context, no pool, no synchronization).
   if (!scratch_pool_created(device)) return;
   const DeviceGuard guard(device);

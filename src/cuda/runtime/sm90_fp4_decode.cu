@@ -1,8 +1,5 @@
 // Host side of src/cuda/kernels/sm90_fp4_decode.cuh: the FP4-weight decode kernels (M ≤ 64), one per token width.
 #include <atomic>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "cuda/kernels/sm90_fp4_decode.cuh"
 #include "cuda/runtime/gemm_launch.cuh"
@@ -63,7 +60,7 @@ int prepare(int wn, int stage_k, bool fp8_weights, int device) {
 template <int WN, int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
   fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, 160, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
-      x, w, p, c.split_k, c.kb_per_split, c.swizzle, c.tiled);
+      x, w, p, c.split_k, c.kb_per_split, c.swizzle);
 }
 
 template <int kStageK, bool kFp8W>
@@ -106,56 +103,10 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.kb_per_split = ceil_div(num_kb, split);
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
-  c.tiled = !fp8_weights && env_switch("FINEGEMM_FP4_DECODE_TILED", false);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d "
-                 "tiled(requested)=%d\n", fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0, c.tiled ? 1 : 0);
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
+                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0);
   return c;
-}
-
-namespace {
-// Tiled copies of weights, made once per (device, pointer, shape, stage K) and kept: the experiment
-// FINEGEMM_FP4_DECODE_TILED=1 assumes the weights never change. NOTE: not for production; a real layout would be a
-// prepared-weight API (see docs/gpu.md).
-std::mutex tiled_mutex;
-std::map<std::tuple<int, const void*, int, int, int64_t, int>, void*> tiled_weights;
-
-const void* tiled_copy(int device, const void* b, int64_t ldb, const GemmParams& p, int stage_k, cudaStream_t stream) {
-  // Never under capture (a graph would keep a pointer that release_cached_memory frees): the plain layout runs.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;
-  std::lock_guard<std::mutex> lock(tiled_mutex);
-  const auto key = std::make_tuple(device, b, p.n, p.k, ldb, stage_k);
-  if (auto it = tiled_weights.find(key); it != tiled_weights.end()) return it->second;
-  const int row_bytes = stage_k / 2;
-  const int num_kb = ceil_div(p.k, stage_k);
-  const int64_t bytes = static_cast<int64_t>(ceil_div(p.n, kFp4DecodeRows)) * num_kb * kFp4DecodeRows * row_bytes;
-  void* out = nullptr;
-  FG_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(bytes)));
-  const int64_t total16 = bytes / 16;
-  const int blocks = static_cast<int>(std::min<int64_t>((total16 + 255) / 256, 132 * 16));
-  fp4_decode_tile_weights_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint8_t*>(b), ldb, p.n, p.k / 2, num_kb,
-                                                             row_bytes, static_cast<uint8_t*>(out), total16);
-  FG_CUDA_CHECK(cudaGetLastError());
-  // Complete before any stream uses it (a later call may come on another stream).
-  FG_CUDA_CHECK(cudaStreamSynchronize(stream));
-  tiled_weights.emplace(key, out);
-  return out;
-}
-}  // namespace
-
-void release_fp4_decode_tiled(int device) {
-  std::lock_guard<std::mutex> lock(tiled_mutex);
-  for (auto it = tiled_weights.begin(); it != tiled_weights.end();) {
-    if (std::get<0>(it->first) != device) {
-      ++it;
-      continue;
-    }
-    const DeviceGuard guard(device);
-    FG_CUDA_CHECK(cudaFree(it->second));  // cudaFree waits for the work that reads it
-    it = tiled_weights.erase(it);
-  }
 }
 
 void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
@@ -164,22 +115,16 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   FG_CUDA_CHECK(cudaGetDevice(&device));
   Fp4DecodeConfig c = config;
   prepare(c.wn, c.stage_k, c.fp8_weights, device);
-  const void* tiled = c.tiled ? tiled_copy(device, b, ldb, p, c.stage_k, stream) : nullptr;
-  c.tiled = tiled != nullptr;
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
-  // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle). Tiled: rows of the chunks.
-  const int row_bytes = c.stage_k / 2;
-  const int64_t w_rows = c.tiled ? static_cast<int64_t>(ceil_div(p.n, kFp4DecodeRows)) * ceil_div(p.k, c.stage_k) * kFp4DecodeRows : p.n;
-  const void* w_ptr = c.tiled ? tiled : b;
-  const int64_t w_cols = c.tiled ? row_bytes : p.k / 2, w_ld = c.tiled ? row_bytes : ldb;
+  // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
     launch<128, true>(tma_x, make_tma_2d(b, p.n, p.k, ldb, kFp4DecodeRows), p, c, stream);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const CUtensorMap tma_w = c.stage_k == 128
-                                ? make_tma_2d(w_ptr, w_rows, w_cols, w_ld, kFp4DecodeRows, 64, c.swizzle)
-                                : make_tma_2d(w_ptr, w_rows, w_cols, w_ld, kFp4DecodeRows, 128, false, !c.swizzle);
+                                ? make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
+                                : make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
   if (c.stage_k == 128) launch<128, false>(tma_x, tma_w, p, c, stream);
   else launch<256, false>(tma_x, tma_w, p, c, stream);
   FG_CUDA_CHECK(cudaGetLastError());

