@@ -48,9 +48,11 @@ struct Fp4DecodeSmem {
 // Magnitudes: a byte permute over the 8-entry table `tab` (tab.x: codes 0-3, tab.y: codes 4-7); signs: a second
 // permute picks 0x00 or 0x80 per byte.
 inline constexpr uint2 kE2m1Table = {0x3C383000u /* 0, 0.5, 1, 1.5 */, 0x4C484440u /* 2, 3, 4, 6 */};
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab = kE2m1Table) {
+inline constexpr uint32_t kE2m1Sign = 0x00008000u;  // the sign permute's source: byte 0 is 0x00, byte 1 is 0x80
+// `sign_src` is kE2m1Sign, passed in a register: as an immediate, ptxas materialised it anew for every permute.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab = kE2m1Table, uint32_t sign_src = kE2m1Sign) {
   const uint32_t mag = __byte_perm(tab.x, tab.y, h & 0x7777u);
-  const uint32_t sign = __byte_perm(0x00008000u, 0u, (h >> 3) & 0x1111u);
+  const uint32_t sign = __byte_perm(sign_src, 0u, (h >> 3) & 0x1111u);
   return mag | sign;
 }
 
@@ -74,18 +76,30 @@ __device__ __forceinline__ float ue8m0_bits_to_float(uint32_t e) {
 // 4t..4t+3 and 16+4t..16+4t+3. In the packed tile (kRowBytes per row) a step is one 16-byte chunk of each row; the
 // thread's columns are bytes 2t..2t+1 and 8+2t..9+2t of it. Swizzled, chunk c of row r sits at c ^ (r/2 % 4) with
 // 64-byte rows (64-byte swizzle) and at c ^ (r % 8) with 128-byte rows (128-byte swizzle).
+// fp4_fragment_offset: the byte offset of the first pair in the tile (the second is 8 bytes on), the same in every
+// stage, so computed once.
 template <int kRowBytes>
-__device__ __forceinline__ void fp4_fragment(const uint8_t* tile, int r, int t, int s, bool swizzle, uint32_t (&a)[4],
-                                             uint2 tab0 = kE2m1Table, uint2 tab1 = kE2m1Table) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = r + 8 * h;
-    const int pattern = kRowBytes == 64 ? ((row >> 1) & 3) : (row & 7);
-    const int chunk = swizzle ? (s ^ pattern) : s;
-    const uint8_t* p = tile + row * kRowBytes + chunk * 16 + 2 * t;
-    a[h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p), h ? tab1 : tab0);
-    a[2 + h] = e2m1x4_to_e4m3x4(*reinterpret_cast<const uint16_t*>(p + 8), h ? tab1 : tab0);
-  }
+__device__ __forceinline__ int fp4_fragment_offset(int row, int t, int s, bool swizzle) {
+  const int pattern = swizzle ? (kRowBytes == 64 ? ((row >> 1) & 3) : (row & 7)) : 0;
+  return row * kRowBytes + ((s ^ pattern) << 4) + 2 * t;
+}
+
+// The packed codes of one step's fragment, in the order of the A registers: row r lo, row r + 8 lo, row r hi,
+// row r + 8 hi (16 bits each).
+__device__ __forceinline__ void fp4_fragment_load(const uint8_t* tile, int off0, int off1, uint32_t (&raw)[4]) {
+  raw[0] = *reinterpret_cast<const uint16_t*>(tile + off0);
+  raw[1] = *reinterpret_cast<const uint16_t*>(tile + off1);
+  raw[2] = *reinterpret_cast<const uint16_t*>(tile + off0 + 8);
+  raw[3] = *reinterpret_cast<const uint16_t*>(tile + off1 + 8);
+}
+
+// The expansion of a loaded fragment (exact): row r's codes through tab0, row r + 8's through tab1.
+__device__ __forceinline__ void fp4_fragment_expand(const uint32_t (&raw)[4], uint2 tab0, uint2 tab1, uint32_t sign_src,
+                                                    uint32_t (&a)[4]) {
+  a[0] = e2m1x4_to_e4m3x4(raw[0], tab0, sign_src);
+  a[1] = e2m1x4_to_e4m3x4(raw[1], tab1, sign_src);
+  a[2] = e2m1x4_to_e4m3x4(raw[2], tab0, sign_src);
+  a[3] = e2m1x4_to_e4m3x4(raw[3], tab1, sign_src);
 }
 
 __device__ __forceinline__ void store_one(const GemmParams& p, int row, int col, float v) {
@@ -113,7 +127,9 @@ __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { re
 // expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
 // (loaded by the consumers before they wait for the stage) and the tokens' scales.
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
-__global__ void __launch_bounds__(160)
+// Two CTAs per SM need at most 200 registers a thread (unbounded, ptxas took 220 at WN = 64: one CTA per SM;
+// __launch_bounds__(160, 2) capped it at 168, with spills; __launch_bounds__ and __maxnreg__ exclude each other).
+__global__ void __maxnreg__(200)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -231,13 +247,14 @@ __global__ void __launch_bounds__(160)
   // below are masks, not divisions.
   const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
   float total[kAcc];
-  float sum[kAcc];
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) total[i] = sum[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
   // Step s's wgmma result into the sum of its activation group, with the weight scales w0, w1 of rows r0, r0 + 8;
   // the sum into the total at the group's end, with the tokens' scales.
-  auto promote = [&](int s, const float (&acc)[kAcc], float w0, float w1, const float* xs) {
+  // `sum` lives within one 128 of K: activation groups are 32, 64 or 128 wide there (xgroup_mask ≤ 3), so every
+  // 128 starts a group.
+  auto promote = [&](int s, const float (&acc)[kAcc], float w0, float w1, const float* xs, float (&sum)[kAcc]) {
     const bool first = (s & xgroup_mask) == 0;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
@@ -298,6 +315,16 @@ __global__ void __launch_bounds__(160)
     // its own accumulator (kPar at once) and is promoted with its own scale.
     constexpr int kPar = WN <= 32 ? 4 : 2;
     const bool may_fold = word_scales && xgroup_mask == 3;
+    // This thread's fragment offsets in a stage's weight tile, per row and step (the same in every stage).
+    int frag_off[2][kSteps];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
+    // The permutes' constant operands in registers (as immediates, ptxas materialised them before every use).
+    uint32_t sign_src = kE2m1Sign;
+    uint2 plain_tab = kE2m1Table;
+    asm volatile("" : "+r"(sign_src), "+r"(plain_tab.x), "+r"(plain_tab.y));
     for (int i = 0; i < kb_count; ++i) {
       const int stage = i % kStages;
       ptx::mbar_wait(&full[stage], (i / kStages) & 1);
@@ -310,20 +337,31 @@ __global__ void __launch_bounds__(160)
       };
 #pragma unroll
       for (int q = 0; q < kSteps / 4; ++q) {
-        // MX groups of these four inside K (the rest, at the K tail, have zero-filled codes and no scale): their
-        // bytes of the scale words are masked to 0 (no shift, no contribution to the maximum).
+        // The packed codes of the four steps first: their loads overlap the scale work and the vote.
+        uint32_t raw[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
+        // MX groups of these four inside K (the rest, at the K tail, have zero-filled codes; their scale bytes are
+        // ignored: no shift, no part in the maximum).
         const int valid = p.b_scale_cols - ((kb_begin + i) * kSteps + 4 * q);
-        const uint32_t keep = valid >= 4 ? 0xFFFFFFFFu : (valid <= 0 ? 0u : (1u << (8 * valid)) - 1u);
-        uint32_t word[2] = {0u, 0u}, shifts[2] = {0u, 0u}, e_max[2] = {0u, 0u};
+        uint32_t word[2] = {0u, 0u};
+        int e_max[2] = {0, 0};
+        int shift[2][4] = {};
         bool fold = may_fold;
         if (word_scales) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            word[h] = reinterpret_cast<const uint32_t*>(ws)[q * kFp4DecodeRows + r0 + 8 * h] & keep;
-            const uint32_t m = __vmaxu4(word[h], word[h] >> 16);
-            e_max[h] = __vmaxu4(m, m >> 8) & 0xFFu;
-            shifts[h] = __vsub4(e_max[h] * 0x01010101u, word[h]) & keep;  // per byte: e_max - e (0 past K)
-            fold = fold && __vcmpgtu4(shifts[h], 0x08080808u) == 0u;
+            word[h] = reinterpret_cast<const uint32_t*>(ws)[q * kFp4DecodeRows + r0 + 8 * h];
+            int e[4], hi = 0, lo = 255;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              e[j] = static_cast<int>(__byte_perm(word[h], 0u, 0x4440u | j));
+              if (j < valid) hi = max(hi, e[j]), lo = min(lo, e[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) shift[h][j] = j < valid ? hi - e[j] : 0;
+            e_max[h] = hi;
+            fold = fold && hi - lo <= 8;
           }
         }
         // wgmma is warpgroup-wide: one decision for all 128 consumers (no barrier when the recipe never folds).
@@ -331,9 +369,7 @@ __global__ void __launch_bounds__(160)
         if (fold) {
           uint32_t a[4][4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            fp4_fragment<kRowBytes>(wt, r0, t, 4 * q + j, swizzle, a[j], fold_tab[(shifts[0] >> (8 * j)) & 0xFFu],
-                                    fold_tab[(shifts[1] >> (8 * j)) & 0xFFu]);
+          for (int j = 0; j < 4; ++j) fp4_fragment_expand(raw[j], fold_tab[shift[0][j]], fold_tab[shift[1][j]], sign_src, a[j]);
           float acc[kAcc];
           ptx::wgmma_fence();
 #pragma unroll
@@ -343,7 +379,8 @@ __global__ void __launch_bounds__(160)
 #pragma unroll
           for (int j = 0; j < WN / 8; ++j)
             xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-          const float row_scale[2] = {ue8m0_bits_to_float(e_max[0]), ue8m0_bits_to_float(e_max[1])};
+          const float row_scale[2] = {ue8m0_bits_to_float(static_cast<uint32_t>(e_max[0])),
+                                      ue8m0_bits_to_float(static_cast<uint32_t>(e_max[1]))};
           ptx::wgmma_wait<0>();
           ptx::fence_operands(acc);
 #pragma unroll
@@ -365,12 +402,13 @@ __global__ void __launch_bounds__(160)
               else wsc[h][j] = j < valid ? ws[(4 * q + j) * kFp4DecodeRows + r0 + 8 * h] : 0.0f;
             }
           }
+          float sum[kAcc];
 #pragma unroll
           for (int b = 0; b < 4; b += kPar) {
             uint32_t a[kPar][4];
             float acc[kPar][kAcc];
 #pragma unroll
-            for (int j = 0; j < kPar; ++j) fp4_fragment<kRowBytes>(wt, r0, t, 4 * q + b + j, swizzle, a[j]);
+            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, sign_src, a[j]);
             ptx::wgmma_fence();
 #pragma unroll
             for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
@@ -382,7 +420,7 @@ __global__ void __launch_bounds__(160)
               fence_regs(a[j]);
             }
 #pragma unroll
-            for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs);
+            for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
           }
         }
       }
