@@ -127,9 +127,9 @@ __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { re
 // expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
 // (loaded by the consumers before they wait for the stage) and the tokens' scales.
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
-// Two CTAs per SM need at most 200 registers a thread (unbounded, ptxas took 220 at WN = 64: one CTA per SM;
-// __launch_bounds__(160, 2) capped it at 168, with spills; __launch_bounds__ and __maxnreg__ exclude each other).
-__global__ void __maxnreg__(200)
+// Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
+// thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
+__global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -313,7 +313,7 @@ __global__ void __maxnreg__(200)
     // then each group's codes expand through fold table row d = e_max - e (exact, see fp4_fold_table_row), the four
     // steps accumulate in one wgmma chain, and one promotion per row applies 2^e_max. Otherwise each step runs into
     // its own accumulator (kPar at once) and is promoted with its own scale.
-    constexpr int kPar = WN <= 32 ? 4 : 2;
+    constexpr int kPar = WN <= 32 ? 4 : 1;  // WN = 64: one 32-register accumulator, within 168 registers
     const bool may_fold = word_scales && xgroup_mask == 3;
     // This thread's fragment offsets in a stage's weight tile, per row and step (the same in every stage).
     int frag_off[2][kSteps];

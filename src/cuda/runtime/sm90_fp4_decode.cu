@@ -1,6 +1,5 @@
 // Host side of src/cuda/kernels/sm90_fp4_decode.cuh: the FP4-weight decode kernels (M ≤ 64), one per token width.
 #include <atomic>
-#include <string>
 
 #include "cuda/kernels/sm90_fp4_decode.cuh"
 #include "cuda/runtime/gemm_launch.cuh"
@@ -12,32 +11,30 @@ namespace {
 // Stages (kStageK of K each): about 50 KB (128) or 75 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share
 // an SM; fewer at WN = 32 and 64, whose activation tiles are larger.
 // E4M3 weights (8 KB per stage): 6 stages at WN ≤ 16, 4 at 32 and 64.
-// kShallow (FINEGEMM_FP4_DECODE_STAGES=shallow, FP4 at 128 of K per stage): half the stages, twice the CTAs per SM
-// (more consumer warps to hide the expansion's latency; the same bytes in flight per SM).
-template <int WN, int kStageK, bool kFp8W, bool kShallow>
-constexpr int kFp4DecodeStages =
-    kFp8W ? (WN <= 16 ? 6 : 4)
-          : (kStageK == 128 ? (WN <= 16 ? 8 : 6) / (kShallow ? 2 : 1) : (WN <= 16 ? 6 : (WN == 32 ? 4 : 3)));
+// Half the stages (twice the CTAs per SM) measured the same (51.8 vs 51.2 µs at M = 1, N = 7168, K = 16384).
+template <int WN, int kStageK, bool kFp8W>
+constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4)
+                                       : (kStageK == 128 ? (WN <= 16 ? 8 : 6) : (WN <= 16 ? 6 : (WN == 32 ? 4 : 3)));
 
-template <int WN, int kStageK, bool kFp8W, bool kShallow>
+template <int WN, int kStageK, bool kFp8W>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kShallow>, kStageK, kFp8W>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>;
 }
 
-template <int WN, int kStageK, bool kFp8W, bool kShallow>
+template <int WN, int kStageK, bool kFp8W>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kShallow>, kStageK, kFp8W>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN, int kStageK, bool kFp8W, bool kShallow>
+template <int WN, int kStageK, bool kFp8W>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kShallow>();
-    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kShallow>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W>();
+    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, 160, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
@@ -46,35 +43,34 @@ int prepare_kernel(int device) {
   return ctas;
 }
 
-template <int kStageK, bool kFp8W, bool kShallow>
+template <int kStageK, bool kFp8W>
 int prepare(int wn, int device) {
   switch (wn) {
-    case 8: return prepare_kernel<8, kStageK, kFp8W, kShallow>(device);
-    case 16: return prepare_kernel<16, kStageK, kFp8W, kShallow>(device);
-    case 32: return prepare_kernel<32, kStageK, kFp8W, kShallow>(device);
-    default: return prepare_kernel<64, kStageK, kFp8W, kShallow>(device);
+    case 8: return prepare_kernel<8, kStageK, kFp8W>(device);
+    case 16: return prepare_kernel<16, kStageK, kFp8W>(device);
+    case 32: return prepare_kernel<32, kStageK, kFp8W>(device);
+    default: return prepare_kernel<64, kStageK, kFp8W>(device);
   }
 }
 
 int prepare(const Fp4DecodeConfig& c, int device) {
-  if (c.fp8_weights) return prepare<128, true, false>(c.wn, device);
-  if (c.stage_k == 256) return prepare<256, false, false>(c.wn, device);
-  return c.shallow ? prepare<128, false, true>(c.wn, device) : prepare<128, false, false>(c.wn, device);
+  if (c.fp8_weights) return prepare<128, true>(c.wn, device);
+  return c.stage_k == 256 ? prepare<256, false>(c.wn, device) : prepare<128, false>(c.wn, device);
 }
 
-template <int WN, int kStageK, bool kFp8W, bool kShallow>
+template <int WN, int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
-  fp4_decode_kernel<WN, kStageK, kFp8W, kShallow>()<<<c.tiles * c.split_k, 160, fp4_decode_smem<WN, kStageK, kFp8W, kShallow>(), stream>>>(
+  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, 160, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
       x, w, p, c.split_k, c.kb_per_split, c.swizzle);
 }
 
-template <int kStageK, bool kFp8W, bool kShallow>
+template <int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W, kShallow>(x, w, p, c, stream);
-    case 16: return launch<16, kStageK, kFp8W, kShallow>(x, w, p, c, stream);
-    case 32: return launch<32, kStageK, kFp8W, kShallow>(x, w, p, c, stream);
-    default: return launch<64, kStageK, kFp8W, kShallow>(x, w, p, c, stream);
+    case 8: return launch<8, kStageK, kFp8W>(x, w, p, c, stream);
+    case 16: return launch<16, kStageK, kFp8W>(x, w, p, c, stream);
+    case 32: return launch<32, kStageK, kFp8W>(x, w, p, c, stream);
+    default: return launch<64, kStageK, kFp8W>(x, w, p, c, stream);
   }
 }
 
@@ -96,11 +92,6 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
   // at least 512 of K per split: each split costs M × N floats of partials.
-  if (const char* stages = std::getenv("FINEGEMM_FP4_DECODE_STAGES"); stages && *stages && !fp8_weights && c.stage_k == 128) {
-    if (std::string(stages) != "shallow" && std::string(stages) != "deep")
-      throw Error(std::string("FINEGEMM_FP4_DECODE_STAGES: expected 'shallow' or 'deep', got '") + stages + "'");
-    c.shallow = std::string(stages) == "shallow";
-  }
   const int resident = prepare(c, device) * num_sms;
   int split = std::max(1, resident / c.tiles);
   split = std::min(split, std::max(1, num_kb / (512 / c.stage_k)));
@@ -114,9 +105,8 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d shallow=%d\n",
-                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0,
-                 c.shallow ? 1 : 0);
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
+                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0);
   return c;
 }
 
@@ -129,16 +119,15 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
-    launch<128, true, false>(tma_x, make_tma_2d(b, p.n, p.k, ldb, kFp4DecodeRows), p, c, stream);
+    launch<128, true>(tma_x, make_tma_2d(b, p.n, p.k, ldb, kFp4DecodeRows), p, c, stream);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const CUtensorMap tma_w = c.stage_k == 128
                                 ? make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 256) launch<256, false, false>(tma_x, tma_w, p, c, stream);
-  else if (c.shallow) launch<128, false, true>(tma_x, tma_w, p, c, stream);
-  else launch<128, false, false>(tma_x, tma_w, p, c, stream);
+  if (c.stage_k == 256) launch<256, false>(tma_x, tma_w, p, c, stream);
+  else launch<128, false>(tma_x, tma_w, p, c, stream);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 

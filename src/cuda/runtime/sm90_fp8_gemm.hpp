@@ -37,7 +37,6 @@ struct Fp4DecodeConfig {
   int kb_per_split = 0;
   bool fp8_weights = false;  // E4M3 weights (FINEGEMM_FP8_DECODE=1)
   int stage_k = 128;  // K per pipeline stage: 128 or 256 (FINEGEMM_FP4_DECODE_STAGE_K)
-  bool shallow = false;  // half the stages at stage K 128, twice the CTAs per SM (FINEGEMM_FP4_DECODE_STAGES=shallow)
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
 };
 int fp4_decode_width(int m);
