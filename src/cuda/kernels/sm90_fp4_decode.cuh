@@ -12,14 +12,19 @@
 //   - Producer: per stage (128 or 256 of K), TMA loads of the packed weight tile (64 rows × 64 or 128 bytes,
 //     swizzled) and the activation tile (WN rows × 128 bytes per 128 of K, 128-byte swizzle, rows past M
 //     zero-filled), and cp.async copies of the stage's scales into shared memory (weight scales per row and group,
-//     activation scales per token and step), all completing on the stage's full barrier.
-//   - Consumers, per 128 of K (four 32-wide steps, four MX groups per row), one of two ways, voted warpgroup-wide:
+//     activation scales per token and step). One stage later, once those copies have landed, the producer lanes
+//     prepare the stage's weight scales for the consumers (fp4_decode_prepare_scales): per 128 of K, a flag whether
+//     the whole tile folds, and then per row and group either the expansion table or the float scale. Then the stage
+//     is full (the TMA bytes and the producer's 32 arrivals).
+//   - Consumers, per 128 of K (four 32-wide steps, four MX groups per row), one of two ways, as the flag says:
 //     - fold: UE8M0 scales within 2^8 of the row's largest in every row, one activation scale over the 128: each
-//       group's codes expand scaled by 2^-(e_max - e) (exact in E4M3), the four wgmma m64nWNk32 accumulate in one
-//       chain, and total += acc · 2^e_max · x_scale[token] once;
+//       group's codes expand through its table, scaled by 2^-(e_max - e) (exact in E4M3), the four wgmma
+//       m64nWNk32 accumulate in one chain, and total += acc · 2^e_max · x_scale[token] once;
 //     - per step: each step's wgmma into its own accumulator (up to four in flight), then sum += acc · w_scale[row]
 //       and, at the end of each activation group (32, 64 or 128 wide), total += sum · x_scale[token].
-//     Both are exact for any spread of the weight scales.
+//     Both are exact for any spread of the weight scales. The consumers' work per 128 of K is the loads of their
+//     codes and tables, the expansion (four instructions per four codes) and the wgmmas: ncu had the earlier
+//     consumers, which made the fold decision themselves, bound by instruction issue.
 // Work: one CTA per (64-row weight tile, K split). With split-K the partial totals go to p.workspace[split][M][N]
 // (splitk_reduce_kernel finishes); otherwise the epilogue stores y with the row/col scales and the bias.
 #pragma once
@@ -32,28 +37,43 @@ inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer 
 // kStageK: K per pipeline stage, 128 or 256 (weight rows of 64 or 128 bytes per TMA box row; the activation tile is
 // one or two 128-byte-swizzled boxes).
 // kFp8W: E4M3 weights (128 bytes per row and 128 of K), the option FINEGEMM_FP8_DECODE=1.
+// Per stage, in order: activations, weights, then (FP4 weights only) per 128 of K ("block"):
+//   fold:  [4][64] uint2 expansion tables (the fold) or [4][64] float scales (per step), 2 KB;
+//   words: [64] uint32, the rows' four UE8M0 scales as copied (UE8M0 and packed UE8M0 scales);
+//   row:   [64] float, 2^e_max per row (the fold);
+//   flag:  uint32, whether the block folds (padded to 16 bytes per stage);
+// and the activation scales [kSteps][WN] float.
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
 struct Fp4DecodeSmem {
   static constexpr int kSteps = kStageK / 32;                     // wgmma k32 steps (MX groups) per stage
+  static constexpr int kBlocks = kStageK / 128;                   // 128s of K per stage
   static constexpr int kStageX = WN * kStageK;                    // E4M3 activations: kStageK / 128 boxes of WN × 128
   static constexpr int kStageW = kFp4DecodeRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
-  static constexpr int kStageWScales = kSteps * kFp4DecodeRows * 4;  // [kSteps][64] float
-  static constexpr int kStageXScales = kSteps * WN * 4;              // [kSteps][WN] float
-  static constexpr int kFoldTable = 16 * 8;                          // fp4_fold_table: 9 used
-  static constexpr int kBytes =
-      kStages * (kStageX + kStageW + kStageWScales + kStageXScales) + 2 * kStages * 8 + kFoldTable + 1024;
+  static constexpr int kBlockFold = 4 * kFp4DecodeRows * 8;
+  static constexpr int kStageFold = kFp8W ? 0 : kBlocks * kBlockFold;
+  static constexpr int kStageWords = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
+  static constexpr int kStageRowScale = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
+  static constexpr int kStageFlags = kFp8W ? 0 : 16;
+  static constexpr int kStageXScales = kSteps * WN * 4;  // [kSteps][WN] float
+  static constexpr int kFoldTable = 16 * 8;              // rows 0-8: fp4_fold_table_row(d); row 9: kE2m1Positive
+  static constexpr int kBytes = kStages * (kStageX + kStageW + kStageFold + kStageWords + kStageRowScale + kStageFlags +
+                                           kStageXScales) +
+                                2 * kStages * 8 + kFoldTable + 1024;
 };
 
 // Four E2M1 codes (16 bits, element 0 in the low nibble) → four E4M3 bytes (element 0 in the low byte). Exact.
-// Magnitudes: a byte permute over the 8-entry table `tab` (tab.x: codes 0-3, tab.y: codes 4-7); signs: a second
-// permute picks 0x00 or 0x80 per byte.
+// Magnitudes: a byte permute over the 8-entry table `tab` (tab.x: codes 0-3, tab.y: codes 4-7) selected by the
+// codes without their signs. Signs: a second permute selects with the codes themselves from `positive`
+// (kE2m1Positive, every byte 0x7F): a selector nibble with its top bit set (a negative code) replicates the selected
+// byte's sign bit, 0, and one clear copies 0x7F; so ~pos & 0x80 is the E4M3 sign. Four instructions per four codes.
+// Both constants come in registers: as immediates, ptxas materialised them anew for every permute.
 inline constexpr uint2 kE2m1Table = {0x3C383000u /* 0, 0.5, 1, 1.5 */, 0x4C484440u /* 2, 3, 4, 6 */};
-inline constexpr uint32_t kE2m1Sign = 0x00008000u;  // the sign permute's source: byte 0 is 0x00, byte 1 is 0x80
-// `sign_src` is kE2m1Sign, passed in a register: as an immediate, ptxas materialised it anew for every permute.
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab = kE2m1Table, uint32_t sign_src = kE2m1Sign) {
-  const uint32_t mag = __byte_perm(tab.x, tab.y, h & 0x7777u);
-  const uint32_t sign = __byte_perm(sign_src, 0u, (h >> 3) & 0x1111u);
-  return mag | sign;
+inline constexpr uint32_t kE2m1Positive = 0x7F7F7F7Fu;
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab, uint32_t positive) {
+  uint32_t mag, pos;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(mag) : "r"(tab.x), "r"(tab.y), "r"(h & 0x7777u));
+  asm("prmt.b32 %0, %1, %1, %2;" : "=r"(pos) : "r"(positive), "r"(h));
+  return mag | (~pos & 0x80808080u);
 }
 
 // The E2M1 magnitudes times 2^-d as E4M3 bytes, d = 0..8 (exact: 0.5 · 2^-8 = 2^-9 is E4M3's smallest subnormal),
@@ -94,12 +114,12 @@ __device__ __forceinline__ void fp4_fragment_load(const uint8_t* tile, int off0,
 }
 
 // The expansion of a loaded fragment (exact): row r's codes through tab0, row r + 8's through tab1.
-__device__ __forceinline__ void fp4_fragment_expand(const uint32_t (&raw)[4], uint2 tab0, uint2 tab1, uint32_t sign_src,
+__device__ __forceinline__ void fp4_fragment_expand(const uint32_t (&raw)[4], uint2 tab0, uint2 tab1, uint32_t positive,
                                                     uint32_t (&a)[4]) {
-  a[0] = e2m1x4_to_e4m3x4(raw[0], tab0, sign_src);
-  a[1] = e2m1x4_to_e4m3x4(raw[1], tab1, sign_src);
-  a[2] = e2m1x4_to_e4m3x4(raw[2], tab0, sign_src);
-  a[3] = e2m1x4_to_e4m3x4(raw[3], tab1, sign_src);
+  a[0] = e2m1x4_to_e4m3x4(raw[0], tab0, positive);
+  a[1] = e2m1x4_to_e4m3x4(raw[1], tab1, positive);
+  a[2] = e2m1x4_to_e4m3x4(raw[2], tab0, positive);
+  a[3] = e2m1x4_to_e4m3x4(raw[3], tab1, positive);
 }
 
 __device__ __forceinline__ void store_one(const GemmParams& p, int row, int col, float v) {
@@ -120,6 +140,63 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 // Whether the weight scales are staged as 32-bit words of four groups (UE8M0 bytes or packed UE8M0) rather than one
 // float per group. UE8M0 bytes need 4-byte aligned rows of a multiple of 4 groups (fp4_decode_scales_ok, host).
 __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { return p.b_scale_fmt != ScaleFmt::F32; }
+
+// The producer lanes' preparation of one stage's weight scales (FP4 weights), once its copies have landed: per 128
+// of K (block q), with `valid` of its four MX groups inside K (at the K tail the rest have zero-filled codes; their
+// scales take no part and are 0):
+//   - UE8M0 words, when the recipe may fold (`may_fold`) and every row of the tile has its valid scales within 2^8 of
+//     its largest e_max: flag 1, the tables fp4_fold_table_row(e_max - e) per row and group, 2^e_max per row;
+//   - otherwise flag 0 and the groups' float scales (FP32 scales were copied as floats: only the tail is zeroed).
+// Lane l prepares rows l and l + 32.
+template <int kBlocks>
+__device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, bool word_scales, bool may_fold, int kb,
+                                                          int lane, const uint2* fold_tab, uint8_t* fold,
+                                                          const uint32_t* words, float* row_scale, uint32_t* flags) {
+#pragma unroll
+  for (int q = 0; q < kBlocks; ++q) {
+    const int valid = p.b_scale_cols - (kb * kBlocks + q) * 4;
+    uint2* tab = reinterpret_cast<uint2*>(fold + q * (4 * kFp4DecodeRows * 8));
+    float* scale = reinterpret_cast<float*>(fold + q * (4 * kFp4DecodeRows * 8));
+    bool vote = false;
+    if (word_scales) {
+      int e[2][4], hi[2];
+      bool ok = may_fold;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w = words[q * kFp4DecodeRows + lane + 32 * h];
+        int lo = 255;
+        hi[h] = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          e[h][j] = static_cast<int>((w >> (8 * j)) & 0xFFu);
+          if (j < valid) hi[h] = max(hi[h], e[h][j]), lo = min(lo, e[h][j]);
+        }
+        ok = ok && hi[h] - lo <= 8;
+      }
+      vote = __all_sync(0xFFFFFFFFu, ok);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = lane + 32 * h;
+        if (vote) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) tab[j * kFp4DecodeRows + row] = fold_tab[j < valid ? hi[h] - e[h][j] : 0];
+          row_scale[q * kFp4DecodeRows + row] = ue8m0_bits_to_float(static_cast<uint32_t>(hi[h]));
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            scale[j * kFp4DecodeRows + row] = j < valid ? ue8m0_bits_to_float(static_cast<uint32_t>(e[h][j])) : 0.0f;
+        }
+      }
+    } else if (valid < 4) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (j >= valid) scale[j * kFp4DecodeRows + lane + 32 * h] = 0.0f;
+    }
+    if (lane == 0) flags[q] = vote ? 1u : 0u;
+  }
+}
 
 // grid: (ceil(N / 64) tiles) × split; block 160 threads. kb_per_split stages (kStageK of K each) per split.
 // kFp8W (FINEGEMM_FP8_DECODE=1, off until measured): E4M3 weights with block scales constant over each 64-row tile
@@ -145,10 +222,14 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  constexpr int kBlocks = Smem::kBlocks;
   uint8_t* smem_x = smem;
   uint8_t* smem_w = smem_x + kStages * Smem::kStageX;
-  float* smem_ws = reinterpret_cast<float*>(smem_w + kStages * Smem::kStageW);
-  float* smem_xs = smem_ws + kStages * kSteps * kFp4DecodeRows;
+  uint8_t* smem_fold = smem_w + kStages * Smem::kStageW;
+  uint32_t* smem_words = reinterpret_cast<uint32_t*>(smem_fold + kStages * Smem::kStageFold);
+  float* smem_rs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem_words) + kStages * Smem::kStageWords);
+  uint32_t* smem_flags = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(smem_rs) + kStages * Smem::kStageRowScale);
+  float* smem_xs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem_flags) + kStages * Smem::kStageFlags);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_xs + kStages * kSteps * WN);
   uint64_t* empty = full + kStages;
   uint2* fold_tab = reinterpret_cast<uint2*>(empty + kStages);
@@ -163,7 +244,8 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
   const int kb_count = min(num_kb, kb_begin + kb_per_split) - kb_begin;
 
   // full[s]: the producer's expect_tx (one arrival), the TMA bytes, and one arrival per producer lane once its
-  // cp.async scale copies have landed. empty[s]: one arrival per consumer warp.
+  // cp.async scale copies have landed (E4M3 weights) or once it has prepared the stage's scales (FP4 weights).
+  // empty[s]: one arrival per consumer warp.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1 + 32);
@@ -172,8 +254,14 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
     ptx::fence_barrier_init();
   }
   if (!kFp8W && threadIdx.x < 9) fold_tab[threadIdx.x] = fp4_fold_table_row(threadIdx.x);
+  if (!kFp8W && threadIdx.x == 9) fold_tab[9] = make_uint2(kE2m1Positive, kE2m1Positive);
   __syncthreads();
   const bool word_scales = fp4_decode_word_scales(p);
+  // Steps (32 wide) per activation-scale group, less one: a power of two (1, 2 or 4: the host sends only groups
+  // dividing 128 or multiples of it), so that the step tests are masks, not divisions. The fold needs 3 (one
+  // activation scale over each 128 of K) and UE8M0 words.
+  const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
+  const bool may_fold = word_scales && xgroup_mask == 3;
 
   if (warp == 4) {
     // ---------------- Producer warp: TMA for the tiles; cp.async for the scales, so that no lane ever waits on a
@@ -185,6 +273,14 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
     }
     const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
     const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
+    // FP4 weights: stage i's scales prepared, and the producer's arrivals on its full barrier.
+    auto prepare = [&](int i) {
+      const int stage = i % kStages;
+      fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + i, lane, fold_tab,
+                                         smem_fold + stage * Smem::kStageFold, smem_words + stage * kBlocks * kFp4DecodeRows,
+                                         smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
+      ptx::mbar_arrive(&full[stage]);
+    };
     for (int i = 0; i < kb_count; ++i) {
       const int kb = kb_begin + i;
       const int stage = i % kStages;
@@ -198,26 +294,27 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
           ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],
                            kb * kStageK + j * kGemmBlockK, 0);
       }
-      float* ws = smem_ws + stage * kSteps * kFp4DecodeRows;
       float* xs = smem_xs + stage * kSteps * WN;
-      // Weight scales: words of four groups ([kSteps / 4][64]) or floats ([kSteps][64]). The K tail's groups past the
-      // last scale read the last one (their weights are zero-filled).
+      // Weight scales: words of four groups ([kBlocks][64], prepared into the fold area a stage later) or floats
+      // straight into the fold area ([kBlocks][4][64]). The K tail's groups past the last scale read the last one
+      // (their weights are zero-filled; the preparation zeroes their scales).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (kFp8W) {
           // E4M3 weights: the consumers load the tile's block scale themselves.
         } else if (word_scales) {
 #pragma unroll
-          for (int q = 0; q < kSteps / 4; ++q) {
+          for (int q = 0; q < kBlocks; ++q) {
             const int group = min(kb * kSteps + 4 * q, p.b_scale_cols - 4);  // UE8M0: cols % 4 == 0 (host)
             const void* src =
                 p.b_scale_fmt == ScaleFmt::UE8M0
                     ? static_cast<const void*>(static_cast<const uint8_t*>(p.b_scale) + rows[h] * p.b_scale_stride_n + group)
                     : static_cast<const void*>(static_cast<const int32_t*>(p.b_scale) + rows[h] * p.b_scale_stride_n +
                                                min(kb * kSteps / 4 + q, (p.b_scale_cols + 3) / 4 - 1));
-            ptx::cp_async_4(ws + q * kFp4DecodeRows + lane + 32 * h, src);
+            ptx::cp_async_4(smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows + lane + 32 * h, src);
           }
         } else {
+          float* ws = reinterpret_cast<float*>(smem_fold + stage * Smem::kStageFold);
 #pragma unroll
           for (int s = 0; s < kSteps; ++s)
             ptx::cp_async_4(ws + s * kFp4DecodeRows + lane + 32 * h,
@@ -233,7 +330,22 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
           }
         }
       }
-      ptx::cp_async_mbar_arrive_noinc(&full[stage]);
+      if constexpr (kFp8W) {
+        ptx::cp_async_mbar_arrive_noinc(&full[stage]);
+      } else {
+        // The previous stage's copies have landed (this stage's may still fly): prepare its scales, then it is full.
+        ptx::cp_async_commit();
+        if (i > 0) {
+          ptx::cp_async_wait_group<1>();
+          prepare(i - 1);
+        }
+      }
+    }
+    if constexpr (!kFp8W) {
+      if (kb_count > 0) {
+        ptx::cp_async_wait_group<0>();
+        prepare(kb_count - 1);
+      }
     }
     ptx::cp_async_wait_all();  // no copy outlives its thread
     return;
@@ -242,10 +354,6 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
   // ---------------- Consumer warpgroup.
   const int g = lane >> 2, t = lane & 3;
   const int r0 = warp * 16 + g;  // this thread's rows: r0 and r0 + 8 of the tile
-  // Steps (32 wide) per activation-scale group: the sum is scaled into the total at the end of each.
-  // A power of two (1, 2 or 4: the host sends only groups dividing 128 or multiples of it), so that the step tests
-  // below are masks, not divisions.
-  const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
   float total[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
@@ -308,68 +416,44 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
       }
     }
   } else {
-    // Per 128 of K (one scale word per row: four MX groups) the consumers vote. The fold needs UE8M0 scales, one
-    // activation scale over the 128, and in every row of the tile scales within 2^8 of the row's largest there:
-    // then each group's codes expand through fold table row d = e_max - e (exact, see fp4_fold_table_row), the four
-    // steps accumulate in one wgmma chain, and one promotion per row applies 2^e_max. Otherwise each step runs into
-    // its own accumulator (kPar at once) and is promoted with its own scale.
+    // Per 128 of K (block q of the stage) the producer's flag says whether the block folds (see
+    // fp4_decode_prepare_scales): then each group's codes expand through their prepared table, the four steps
+    // accumulate in one wgmma chain, and one promotion per row applies 2^e_max. Otherwise each step runs into its own
+    // accumulator (kPar at once) and is promoted with its own scale.
     constexpr int kPar = WN <= 32 ? 4 : 1;  // WN = 64: one 32-register accumulator, within 168 registers
-    const bool may_fold = word_scales && xgroup_mask == 3;
     // This thread's fragment offsets in a stage's weight tile, per row and step (the same in every stage).
     int frag_off[2][kSteps];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
-    // The permutes' constant operands in registers (as immediates, ptxas materialised them before every use).
-    uint32_t sign_src = kE2m1Sign;
-    uint2 plain_tab = kE2m1Table;
-    asm volatile("" : "+r"(sign_src), "+r"(plain_tab.x), "+r"(plain_tab.y));
+    // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
+    const uint2 plain_tab = fold_tab[0];
+    const uint32_t positive = fold_tab[9].x;
     for (int i = 0; i < kb_count; ++i) {
       const int stage = i % kStages;
       ptx::mbar_wait(&full[stage], (i / kStages) & 1);
       const uint8_t* wt = smem_w + stage * Smem::kStageW;
-      const float* ws = smem_ws + stage * kSteps * kFp4DecodeRows;
+      const uint8_t* fold_area = smem_fold + stage * Smem::kStageFold;
+      const float* rs = smem_rs + stage * kBlocks * kFp4DecodeRows;
+      const uint32_t* flags = smem_flags + stage * 4;
       const float* xs = smem_xs + stage * kSteps * WN;
       const uint8_t* xt = smem_x + stage * Smem::kStageX;
       auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
         return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
       };
 #pragma unroll
-      for (int q = 0; q < kSteps / 4; ++q) {
-        // The packed codes of the four steps first: their loads overlap the scale work and the vote.
+      for (int q = 0; q < kBlocks; ++q) {
         uint32_t raw[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
-        // MX groups of these four inside K (the rest, at the K tail, have zero-filled codes; their scale bytes are
-        // ignored: no shift, no part in the maximum).
-        const int valid = p.b_scale_cols - ((kb_begin + i) * kSteps + 4 * q);
-        uint32_t word[2] = {0u, 0u};
-        int e_max[2] = {0, 0};
-        int shift[2][4] = {};
-        bool fold = may_fold;
-        if (word_scales) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            word[h] = reinterpret_cast<const uint32_t*>(ws)[q * kFp4DecodeRows + r0 + 8 * h];
-            int e[4], hi = 0, lo = 255;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              e[j] = static_cast<int>(__byte_perm(word[h], 0u, 0x4440u | j));
-              if (j < valid) hi = max(hi, e[j]), lo = min(lo, e[j]);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) shift[h][j] = j < valid ? hi - e[j] : 0;
-            e_max[h] = hi;
-            fold = fold && hi - lo <= 8;
-          }
-        }
-        // wgmma is warpgroup-wide: one decision for all 128 consumers (no barrier when the recipe never folds).
-        if (may_fold) fold = ptx::named_bar_and<1, 128>(fold);
-        if (fold) {
+        const uint2* tab = reinterpret_cast<const uint2*>(fold_area + q * Smem::kBlockFold);      // [4][64]
+        const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
+        if (flags[q] != 0u) {
           uint32_t a[4][4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) fp4_fragment_expand(raw[j], fold_tab[shift[0][j]], fold_tab[shift[1][j]], sign_src, a[j]);
+          for (int j = 0; j < 4; ++j)
+            fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], positive, a[j]);
           float acc[kAcc];
           ptx::wgmma_fence();
 #pragma unroll
@@ -379,8 +463,7 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
 #pragma unroll
           for (int j = 0; j < WN / 8; ++j)
             xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-          const float row_scale[2] = {ue8m0_bits_to_float(static_cast<uint32_t>(e_max[0])),
-                                      ue8m0_bits_to_float(static_cast<uint32_t>(e_max[1]))};
+          const float row_scale[2] = {rs[q * kFp4DecodeRows + r0], rs[q * kFp4DecodeRows + r0 + 8]};
           ptx::wgmma_wait<0>();
           ptx::fence_operands(acc);
 #pragma unroll
@@ -395,20 +478,16 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
         } else {
           float wsc[2][4];  // per row and step: the group's scale (0 past K)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              if (word_scales) wsc[h][j] = j < valid ? ue8m0_bits_to_float((word[h] >> (8 * j)) & 0xFFu) : 0.0f;
-              else wsc[h][j] = j < valid ? ws[(4 * q + j) * kFp4DecodeRows + r0 + 8 * h] : 0.0f;
-            }
-          }
+            for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
           float sum[kAcc];
 #pragma unroll
           for (int b = 0; b < 4; b += kPar) {
             uint32_t a[kPar][4];
             float acc[kPar][kAcc];
 #pragma unroll
-            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, sign_src, a[j]);
+            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, positive, a[j]);
             ptx::wgmma_fence();
 #pragma unroll
             for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);

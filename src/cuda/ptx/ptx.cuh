@@ -47,6 +47,13 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
 
 // Waits until this thread's cp.async copies have landed.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Closes this thread's group of cp.async copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 // ---- TMA
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
@@ -118,19 +125,6 @@ template <int kId, int kThreads>
 __device__ __forceinline__ void named_bar_arrive() {
   static_assert(kId > 0 && kId < 16 && kThreads % 32 == 0, "named barrier: id 1..15, a multiple of 32 threads");
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
-}
-
-// All `kThreads` threads at barrier kId vote: true when `pred` holds in every one of them (bar.red.and).
-template <int kId, int kThreads>
-__device__ __forceinline__ bool named_bar_and(bool pred) {
-  static_assert(kId > 0 && kId < 16 && kThreads % 32 == 0, "named barrier: id 1..15, a multiple of 32 threads");
-  uint32_t all;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(all)
-      : "r"(static_cast<uint32_t>(pred)), "n"(kId), "n"(kThreads)
-      : "memory");
-  return all != 0;
 }
 
 // ---- register reallocation between warpgroups

@@ -8,13 +8,13 @@
 namespace finegemm::cuda {
 namespace {
 
-// Stages (kStageK of K each): about 50 KB (128) or 75 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share
-// an SM; fewer at WN = 32 and 64, whose activation tiles are larger.
+// Stages (kStageK of K each; FP4 weights take about 7.7 KB per 128 of K at WN = 8 with the prepared scales): about
+// 50 KB (128) or 60 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share an SM; 2 CTAs at WN = 64 (its
+// __launch_bounds__).
 // E4M3 weights (8 KB per stage): 6 stages at WN ≤ 16, 4 at 32 and 64.
 // Half the stages (twice the CTAs per SM) measured the same (51.8 vs 51.2 µs at M = 1, N = 7168, K = 16384).
 template <int WN, int kStageK, bool kFp8W>
-constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4)
-                                       : (kStageK == 128 ? (WN <= 16 ? 8 : 6) : (WN <= 16 ? 6 : (WN == 32 ? 4 : 3)));
+constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3));
 
 template <int WN, int kStageK, bool kFp8W>
 auto fp4_decode_kernel() {
