@@ -8,14 +8,17 @@
 // is written to shared memory and the expansion is ALU work spread over 128 threads. The general kernel
 // (sm90_fp8_gemm.cuh) expands into shared memory with three loader warps, which bounded FP4 decode at 0.53 TB/s.
 //
-// CTA: one consumer warpgroup (warps 0-3) and a producer warp (warp 4).
-//   - Producer: per stage (128 or 256 of K), TMA loads of the packed weight tile (64 rows × 64 or 128 bytes,
+// CTA: one consumer warpgroup (warps 0-3), a loader warp (warp 4) and, for FP4 weights, a preparer warp (warp 5).
+//   - Loader: per stage (128 or 256 of K), TMA loads of the packed weight tile (64 rows × 64 or 128 bytes,
 //     swizzled) and the activation tile (WN rows × 128 bytes per 128 of K, 128-byte swizzle, rows past M
 //     zero-filled), and cp.async copies of the stage's scales into shared memory (weight scales per row and group,
-//     activation scales per token and step). One stage later, once those copies have landed, the producer lanes
-//     prepare the stage's weight scales for the consumers (fp4_decode_prepare_scales): per 128 of K, a flag whether
-//     the whole tile folds, and then per row and group either the expansion table or the float scale. Then the stage
-//     is full (the TMA bytes and the producer's 32 arrivals).
+//     activation scales per token and step), which arrive on the stage's `landed` barrier (FP4) or, for E4M3
+//     weights, on its full barrier.
+//   - Preparer: once a stage's copies have landed, it prepares the weight scales for the consumers
+//     (fp4_decode_prepare_scales): per 128 of K, a flag whether the whole tile folds, and then per row and group
+//     either the expansion table or the float scale; its 32 arrivals complete the stage's full barrier with the TMA
+//     bytes. A separate warp, so that it never waits for a free stage: done by the loader one stage late, the
+//     preparation left one stage of lookahead for the scale loads (45 µs at M = 1, N = 7168, K = 16384).
 //   - Consumers, per 128 of K (four 32-wide steps, four MX groups per row), one of two ways, as the flag says:
 //     - fold: UE8M0 scales within 2^8 of the row's largest in every row, one activation scale over the 128: each
 //       group's codes expand through its table, scaled by 2^-(e_max - e) (exact in E4M3), the four wgmma
@@ -55,25 +58,27 @@ struct Fp4DecodeSmem {
   static constexpr int kStageRowScale = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
   static constexpr int kStageFlags = kFp8W ? 0 : 16;
   static constexpr int kStageXScales = kSteps * WN * 4;  // [kSteps][WN] float
-  static constexpr int kFoldTable = 16 * 8;              // rows 0-8: fp4_fold_table_row(d); row 9: kE2m1Positive
+  static constexpr int kFoldTable = 16 * 8;              // rows 0-8: fp4_fold_table_row(d)
   static constexpr int kBytes = kStages * (kStageX + kStageW + kStageFold + kStageWords + kStageRowScale + kStageFlags +
                                            kStageXScales) +
-                                2 * kStages * 8 + kFoldTable + 1024;
+                                3 * kStages * 8 + kFoldTable + 1024;
 };
+
+// Threads per CTA: the consumer warpgroup, the loader warp and (FP4 weights) the preparer warp.
+template <bool kFp8W>
+inline constexpr int kFp4DecodeThreads = kFp8W ? 160 : 192;
 
 // Four E2M1 codes (16 bits, element 0 in the low nibble) → four E4M3 bytes (element 0 in the low byte). Exact.
 // Magnitudes: a byte permute over the 8-entry table `tab` (tab.x: codes 0-3, tab.y: codes 4-7) selected by the
-// codes without their signs. Signs: a second permute selects with the codes themselves from `positive`
-// (kE2m1Positive, every byte 0x7F): a selector nibble with its top bit set (a negative code) replicates the selected
-// byte's sign bit, 0, and one clear copies 0x7F; so ~pos & 0x80 is the E4M3 sign. Four instructions per four codes.
-// Both constants come in registers: as immediates, ptxas materialised them anew for every permute.
+// codes without their signs. Signs: code i's sign bit is bit 4i + 3 of h; codes 1 and 3 have theirs at bit 7 of h's
+// bytes 0 and 1 already, codes 0 and 2 at bit 7 of (h << 4)'s: one permute of h << 4 and h puts each at bit 7 of
+// its output byte. Five instructions per four codes. (A sign-replicating permute cannot do it alone: replicating
+// a byte's top bit leaves bit 7 as it was.)
 inline constexpr uint2 kE2m1Table = {0x3C383000u /* 0, 0.5, 1, 1.5 */, 0x4C484440u /* 2, 3, 4, 6 */};
-inline constexpr uint32_t kE2m1Positive = 0x7F7F7F7Fu;
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab, uint32_t positive) {
-  uint32_t mag, pos;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(mag) : "r"(tab.x), "r"(tab.y), "r"(h & 0x7777u));
-  asm("prmt.b32 %0, %1, %1, %2;" : "=r"(pos) : "r"(positive), "r"(h));
-  return mag | (~pos & 0x80808080u);
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab) {
+  const uint32_t mag = __byte_perm(tab.x, tab.y, h & 0x7777u);
+  const uint32_t sign = __byte_perm(h << 4, h, 0x5140u);  // bytes: (h << 4).0, h.0, (h << 4).1, h.1
+  return mag | (sign & 0x80808080u);
 }
 
 // The E2M1 magnitudes times 2^-d as E4M3 bytes, d = 0..8 (exact: 0.5 · 2^-8 = 2^-9 is E4M3's smallest subnormal),
@@ -114,12 +119,11 @@ __device__ __forceinline__ void fp4_fragment_load(const uint8_t* tile, int off0,
 }
 
 // The expansion of a loaded fragment (exact): row r's codes through tab0, row r + 8's through tab1.
-__device__ __forceinline__ void fp4_fragment_expand(const uint32_t (&raw)[4], uint2 tab0, uint2 tab1, uint32_t positive,
-                                                    uint32_t (&a)[4]) {
-  a[0] = e2m1x4_to_e4m3x4(raw[0], tab0, positive);
-  a[1] = e2m1x4_to_e4m3x4(raw[1], tab1, positive);
-  a[2] = e2m1x4_to_e4m3x4(raw[2], tab0, positive);
-  a[3] = e2m1x4_to_e4m3x4(raw[3], tab1, positive);
+__device__ __forceinline__ void fp4_fragment_expand(const uint32_t (&raw)[4], uint2 tab0, uint2 tab1, uint32_t (&a)[4]) {
+  a[0] = e2m1x4_to_e4m3x4(raw[0], tab0);
+  a[1] = e2m1x4_to_e4m3x4(raw[1], tab1);
+  a[2] = e2m1x4_to_e4m3x4(raw[2], tab0);
+  a[3] = e2m1x4_to_e4m3x4(raw[3], tab1);
 }
 
 __device__ __forceinline__ void store_one(const GemmParams& p, int row, int col, float v) {
@@ -141,7 +145,7 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 // float per group. UE8M0 bytes need 4-byte aligned rows of a multiple of 4 groups (fp4_decode_scales_ok, host).
 __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { return p.b_scale_fmt != ScaleFmt::F32; }
 
-// The producer lanes' preparation of one stage's weight scales (FP4 weights), once its copies have landed: per 128
+// The preparer warp's preparation of one stage's weight scales (FP4 weights), once its copies have landed: per 128
 // of K (block q), with `valid` of its four MX groups inside K (at the K tail the rest have zero-filled codes; their
 // scales take no part and are 0):
 //   - UE8M0 words, when the recipe may fold (`may_fold`) and every row of the tile has its valid scales within 2^8 of
@@ -198,7 +202,7 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
   }
 }
 
-// grid: (ceil(N / 64) tiles) × split; block 160 threads. kb_per_split stages (kStageK of K each) per split.
+// grid: (ceil(N / 64) tiles) × split; block kFp4DecodeThreads threads. kb_per_split stages (kStageK of K each) per split.
 // kFp8W (FINEGEMM_FP8_DECODE=1, off until measured): E4M3 weights with block scales constant over each 64-row tile
 // and 128 of K (b_block_n % 64 == 0, b_block_k % 128 == 0). The weights are the wgmma's A from shared memory (no
 // expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
@@ -206,7 +210,7 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
-__global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
+__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -232,7 +236,8 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
   float* smem_xs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem_flags) + kStages * Smem::kStageFlags);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_xs + kStages * kSteps * WN);
   uint64_t* empty = full + kStages;
-  uint2* fold_tab = reinterpret_cast<uint2*>(empty + kStages);
+  uint64_t* landed = empty + kStages;
+  uint2* fold_tab = reinterpret_cast<uint2*>(landed + kStages);
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -243,18 +248,18 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
   const int kb_begin = split * kb_per_split;
   const int kb_count = min(num_kb, kb_begin + kb_per_split) - kb_begin;
 
-  // full[s]: the producer's expect_tx (one arrival), the TMA bytes, and one arrival per producer lane once its
-  // cp.async scale copies have landed (E4M3 weights) or once it has prepared the stage's scales (FP4 weights).
-  // empty[s]: one arrival per consumer warp.
+  // full[s]: the loader's expect_tx (one arrival), the TMA bytes, and 32 arrivals: the loader lanes' once their
+  // cp.async copies have landed (E4M3 weights) or the preparer lanes' once the scales are prepared (FP4 weights).
+  // empty[s]: one arrival per consumer warp. landed[s] (FP4): the loader lanes' cp.async copies.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1 + 32);
       ptx::mbar_init(&empty[s], 4);
+      ptx::mbar_init(&landed[s], 32);
     }
     ptx::fence_barrier_init();
   }
   if (!kFp8W && threadIdx.x < 9) fold_tab[threadIdx.x] = fp4_fold_table_row(threadIdx.x);
-  if (!kFp8W && threadIdx.x == 9) fold_tab[9] = make_uint2(kE2m1Positive, kE2m1Positive);
   __syncthreads();
   const bool word_scales = fp4_decode_word_scales(p);
   // Steps (32 wide) per activation-scale group, less one: a power of two (1, 2 or 4: the host sends only groups
@@ -263,8 +268,20 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
   const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
   const bool may_fold = word_scales && xgroup_mask == 3;
 
+  if (!kFp8W && warp == 5) {
+    // ---------------- Preparer warp (FP4 weights).
+    for (int i = 0; i < kb_count; ++i) {
+      const int stage = i % kStages;
+      ptx::mbar_wait(&landed[stage], (i / kStages) & 1);
+      fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + i, lane, fold_tab,
+                                         smem_fold + stage * Smem::kStageFold, smem_words + stage * kBlocks * kFp4DecodeRows,
+                                         smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
+      ptx::mbar_arrive(&full[stage]);
+    }
+    return;
+  }
   if (warp == 4) {
-    // ---------------- Producer warp: TMA for the tiles; cp.async for the scales, so that no lane ever waits on a
+    // ---------------- Loader warp: TMA for the tiles; cp.async for the scales, so that no lane ever waits on a
     // global load (a register-staged version, with its loads two stages ahead, streamed 0.57 TB/s: every stage
     // waited out a load latency).
     if (lane == 0) {
@@ -273,14 +290,6 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
     }
     const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
     const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
-    // FP4 weights: stage i's scales prepared, and the producer's arrivals on its full barrier.
-    auto prepare = [&](int i) {
-      const int stage = i % kStages;
-      fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + i, lane, fold_tab,
-                                         smem_fold + stage * Smem::kStageFold, smem_words + stage * kBlocks * kFp4DecodeRows,
-                                         smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
-      ptx::mbar_arrive(&full[stage]);
-    };
     for (int i = 0; i < kb_count; ++i) {
       const int kb = kb_begin + i;
       const int stage = i % kStages;
@@ -330,22 +339,7 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
           }
         }
       }
-      if constexpr (kFp8W) {
-        ptx::cp_async_mbar_arrive_noinc(&full[stage]);
-      } else {
-        // The previous stage's copies have landed (this stage's may still fly): prepare its scales, then it is full.
-        ptx::cp_async_commit();
-        if (i > 0) {
-          ptx::cp_async_wait_group<1>();
-          prepare(i - 1);
-        }
-      }
-    }
-    if constexpr (!kFp8W) {
-      if (kb_count > 0) {
-        ptx::cp_async_wait_group<0>();
-        prepare(kb_count - 1);
-      }
+      ptx::cp_async_mbar_arrive_noinc(kFp8W ? &full[stage] : &landed[stage]);
     }
     ptx::cp_async_wait_all();  // no copy outlives its thread
     return;
@@ -416,7 +410,7 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
       }
     }
   } else {
-    // Per 128 of K (block q of the stage) the producer's flag says whether the block folds (see
+    // Per 128 of K (block q of the stage) the preparer's flag says whether the block folds (see
     // fp4_decode_prepare_scales): then each group's codes expand through their prepared table, the four steps
     // accumulate in one wgmma chain, and one promotion per row applies 2^e_max. Otherwise each step runs into its own
     // accumulator (kPar at once) and is promoted with its own scale.
@@ -429,7 +423,6 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
       for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
     // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
     const uint2 plain_tab = fold_tab[0];
-    const uint32_t positive = fold_tab[9].x;
     for (int i = 0; i < kb_count; ++i) {
       const int stage = i % kStages;
       ptx::mbar_wait(&full[stage], (i / kStages) & 1);
@@ -453,7 +446,7 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
           uint32_t a[4][4];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], positive, a[j]);
+            fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], a[j]);
           float acc[kAcc];
           ptx::wgmma_fence();
 #pragma unroll
@@ -487,7 +480,7 @@ __global__ void __launch_bounds__(160, WN == 64 ? 2 : 1)
             uint32_t a[kPar][4];
             float acc[kPar][kAcc];
 #pragma unroll
-            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, positive, a[j]);
+            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
             ptx::wgmma_fence();
 #pragma unroll
             for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);

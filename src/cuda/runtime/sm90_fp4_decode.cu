@@ -36,7 +36,7 @@ int prepare_kernel(int device) {
     auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W>();
     constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, 160, kSmem));
+    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kFp4DecodeThreads<kFp8W>, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
     ctas_per_sm[slot].store(ctas);
   }
@@ -60,7 +60,7 @@ int prepare(const Fp4DecodeConfig& c, int device) {
 
 template <int WN, int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
-  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, 160, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
+  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, kFp4DecodeThreads<kFp8W>, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
       x, w, p, c.split_k, c.kb_per_split, c.swizzle);
 }
 
