@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
           float* ws = reinterpret_cast<float*>(smem_fold + stage * Smem::kStageFold);
 #pragma unroll
           for (int s = 0; s < kSteps; ++s)
-            ptx::cp_async_4(ws + s * kFp4DecodeRows + lane + 32 * h,
+            ptx::cp_async_4(ws + (s / 4) * (Smem::kBlockFold / 4) + (s % 4) * kFp4DecodeRows + lane + 32 * h,
                             static_cast<const float*>(p.b_scale) + rows[h] * p.b_scale_stride_n +
                                 min(kb * kSteps + s, p.b_scale_cols - 1));
         }
