@@ -212,7 +212,7 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false>
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
-                           const GemmParams p, int split_k, int kb_per_split, bool swizzle, int prefetch) {
+                           const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
@@ -290,27 +290,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
     }
     const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
     const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
-    // L2 prefetch of split stage j (`prefetch` > 0): the weight box (lane 0) and, for UE8M0 bytes, the lines of the
-    // rows' scales (every lane), so that the stage's loads, issued `prefetch` stages later, find them in L2: more
-    // bytes in flight than the shared-memory ring holds.
-    auto prefetch_stage = [&](int j) {
-      if (j >= kb_count) return;
-      const int kb = kb_begin + j;
-      if (lane == 0) ptx::tma_prefetch_2d(&tma_w, kb * kRowBytes, n0);
-      if (!kFp8W && p.b_scale_fmt == ScaleFmt::UE8M0 && (kb * kSteps) % 32 == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          ptx::prefetch_l2(static_cast<const uint8_t*>(p.b_scale) + rows[h] * p.b_scale_stride_n +
-                           min(kb * kSteps, p.b_scale_cols - 1));
-      }
-    };
-    if (prefetch > 0)
-      for (int j = kStages; j < prefetch; ++j) prefetch_stage(j);
     for (int i = 0; i < kb_count; ++i) {
       const int kb = kb_begin + i;
       const int stage = i % kStages;
       if (i >= kStages) ptx::mbar_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
-      if (prefetch > 0) prefetch_stage(i + prefetch);
       if (lane == 0) {
         // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
         ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);

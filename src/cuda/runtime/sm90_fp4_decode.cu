@@ -61,7 +61,7 @@ int prepare(const Fp4DecodeConfig& c, int device) {
 template <int WN, int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
   fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, kFp4DecodeThreads<kFp8W>, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
-      x, w, p, c.split_k, c.kb_per_split, c.swizzle, c.prefetch);
+      x, w, p, c.split_k, c.kb_per_split, c.swizzle);
 }
 
 template <int kStageK, bool kFp8W>
@@ -104,14 +104,9 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.kb_per_split = ceil_div(num_kb, split);
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
-  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_PREFETCH"); forced && *forced) {
-    c.prefetch = std::atoi(forced);
-    if (c.prefetch < 0)
-      throw Error(std::string("FINEGEMM_FP4_DECODE_PREFETCH: expected stages >= 0, got '") + forced + "'");
-  }
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d prefetch=%d\n",
-                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0, c.prefetch);
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
+                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0);
   return c;
 }
 

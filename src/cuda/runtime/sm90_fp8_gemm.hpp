@@ -38,7 +38,6 @@ struct Fp4DecodeConfig {
   bool fp8_weights = false;  // E4M3 weights (FINEGEMM_FP8_DECODE=1)
   int stage_k = 128;  // K per pipeline stage: 128 or 256 (FINEGEMM_FP4_DECODE_STAGE_K)
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
-  int prefetch = 0;      // weight stages prefetched into L2 ahead of the one loaded (FINEGEMM_FP4_DECODE_PREFETCH; 0: none)
 };
 int fp4_decode_width(int m);
 // fp8_weights: the same kernel on E4M3 weights with 64x128-constant block scales (FINEGEMM_FP8_DECODE=1, off).
