@@ -26,11 +26,12 @@
 //     - per step: each step's wgmma into its own accumulator (up to four in flight), then sum += acc · w_scale[row]
 //       and, at the end of each activation group (32, 64 or 128 wide), total += sum · x_scale[token].
 //     Both are exact for any spread of the weight scales. The consumers' work per 128 of K is the loads of their
-//     codes and tables, the expansion (four instructions per four codes) and the wgmmas: ncu had the earlier
+//     codes and tables, the expansion (five instructions per four codes) and the wgmmas: ncu had the earlier
 //     consumers, which made the fold decision themselves, bound by instruction issue.
 // Work: one CTA per (64-row weight tile, K split). With split-K the partial totals go to p.workspace[split][M][N]
 // (splitk_reduce_kernel finishes); otherwise the epilogue stores y with the row/col scales and the bias.
 #pragma once
+#include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
 
 namespace finegemm::cuda {
@@ -68,27 +69,12 @@ struct Fp4DecodeSmem {
 template <bool kFp8W>
 inline constexpr int kFp4DecodeThreads = kFp8W ? 160 : 192;
 
-// Four E2M1 codes (16 bits, element 0 in the low nibble) → four E4M3 bytes (element 0 in the low byte). Exact.
-// Magnitudes: a byte permute over the 8-entry table `tab` (tab.x: codes 0-3, tab.y: codes 4-7) selected by the
-// codes without their signs. Signs: code i's sign bit is bit 4i + 3 of h; codes 1 and 3 have theirs at bit 7 of h's
-// bytes 0 and 1 already, codes 0 and 2 at bit 7 of (h << 4)'s: one permute of h << 4 and h puts each at bit 7 of
-// its output byte. Five instructions per four codes. (A sign-replicating permute cannot do it alone: replicating
-// a byte's top bit leaves bit 7 as it was.)
-inline constexpr uint2 kE2m1Table = {0x3C383000u /* 0, 0.5, 1, 1.5 */, 0x4C484440u /* 2, 3, 4, 6 */};
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab) {
-  const uint32_t mag = __byte_perm(tab.x, tab.y, h & 0x7777u);
-  const uint32_t sign = __byte_perm(h << 4, h, 0x5140u);  // bytes: (h << 4).0, h.0, (h << 4).1, h.1
-  return mag | (sign & 0x80808080u);
-}
+inline constexpr uint2 kE2m1Table = {kE2m1TableLo, kE2m1TableHi};
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab) { return e2m1x4_to_e4m3x4(h, tab.x, tab.y); }
 
-// The E2M1 magnitudes times 2^-d as E4M3 bytes, d = 0..8 (exact: 0.5 · 2^-8 = 2^-9 is E4M3's smallest subnormal),
-// in the layout of kE2m1Table. Row d of the fold: a group whose scale is 2^-d of its segment's largest.
+// Row d of the fold table (fp4_fold_table_word), in the layout of kE2m1Table.
 __device__ __forceinline__ uint2 fp4_fold_table_row(int d) {
-  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) w[j / 4] |= static_cast<uint32_t>(fmt::e4m3_from_float(ldexpf(mags[j], -d))) << (8 * (j % 4));
-  return make_uint2(w[0], w[1]);
+  return make_uint2(fp4_fold_table_word(d, 0), fp4_fold_table_word(d, 1));
 }
 
 // fmt::ue8m0_to_float without branches: 2^(e - 127), e = 0 → 2^-127 (a float subnormal), e = 255 → NaN.

@@ -1,0 +1,58 @@
+// E2M1 → E4M3 expansion by byte permutes, as the FP4 decode kernel's consumers run it (sm90_fp4_decode.cuh), in
+// host/device code so that the CPU tests prove it exact on every input (tests/test_fp4_expand.cpp).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/formats.hpp"
+
+namespace finegemm::cuda {
+
+// prmt.b32 in its default mode: byte n of the result is byte (s >> 4n) & 7 of {y, x} (x the low four), or, when bit
+// (4n + 3) of s is set, that byte's sign bit replicated over 8 bits.
+FG_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(s));
+  return r;
+#else
+  const uint64_t src = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n) {
+    const uint32_t sel = (s >> (4 * n)) & 0xFu;
+    uint32_t b = static_cast<uint32_t>(src >> (8 * (sel & 7u))) & 0xFFu;
+    if (sel & 8u) b = (b & 0x80u) ? 0xFFu : 0x00u;
+    r |= b << (8 * n);
+  }
+  return r;
+#endif
+}
+
+// The E2M1 magnitudes (codes 0-7) as E4M3 bytes, four per word: 0, 0.5, 1, 1.5 | 2, 3, 4, 6.
+inline constexpr uint32_t kE2m1TableLo = 0x3C383000u;
+inline constexpr uint32_t kE2m1TableHi = 0x4C484440u;
+
+// Four E2M1 codes (16 bits, element 0 in the low nibble) → four E4M3 bytes (element 0 in the low byte), through the
+// 8-entry magnitude table {tab_lo, tab_hi} (kE2m1Table*, or a fold row, fp4_fold_table_word). Exact.
+// Magnitudes: one permute selected by the codes without their signs. Signs: code i's sign bit is bit 4i + 3 of h;
+// codes 1 and 3 have theirs at bit 7 of h's bytes 0 and 1 already, codes 0 and 2 at bit 7 of (h << 4)'s: one
+// permute of h << 4 and h puts each at bit 7 of its output byte. Five instructions per four codes. (A
+// sign-replicating permute cannot do it in four: replicating a byte's top bit leaves bit 7 as it was.)
+FG_HD uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint32_t tab_lo, uint32_t tab_hi) {
+  const uint32_t mag = byte_perm(tab_lo, tab_hi, h & 0x7777u);
+  const uint32_t sign = byte_perm(h << 4, h, 0x5140u);  // bytes: (h << 4).0, h.0, (h << 4).1, h.1
+  return mag | (sign & 0x80808080u);
+}
+
+// Word `half` (0: codes 0-3, 1: codes 4-7) of fold table row d: the E2M1 magnitudes times 2^-d as E4M3 bytes,
+// d = 0..8 (exact: 0.5 · 2^-8 = 2^-9 is E4M3's smallest subnormal; d = 9 loses 0.5 and 1.5). Row 0 is the plain
+// table. A group whose scale is 2^-d of its 128-wide block's largest expands through row d.
+FG_HD uint32_t fp4_fold_table_word(int d, int half) {
+  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  uint32_t w = 0u;
+  for (int j = 0; j < 4; ++j)
+    w |= static_cast<uint32_t>(fmt::e4m3_from_float(ldexpf(mags[4 * half + j], -d))) << (8 * j);
+  return w;
+}
+
+}  // namespace finegemm::cuda
