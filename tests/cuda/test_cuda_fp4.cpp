@@ -458,17 +458,20 @@ void check_exact_calls(const Target& target, bool gpu, const std::string& name, 
 }
 
 // Runs one weight through every scale format × activation recipe × M × output type.
-void check_exact(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& base) {
+void check_exact(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& base,
+                 const std::vector<int64_t>& ms = {1, 7, 64, 200},
+                 const std::vector<ScaleKind>& kinds = {std::begin(kScaleKinds), std::end(kScaleKinds)},
+                 const std::vector<ActKind>& acts = {std::begin(kActKinds), std::end(kActKinds)}) {
   expect_every_code_in_every_group(base);
-  for (ScaleKind kind : kScaleKinds) {
+  for (ScaleKind kind : kinds) {
     Fp4Matrix w = base;
     if (kind == ScaleKind::F32Any) w.randomize_mantissas();
     const Buffer weight = w.packed(), weight_scale = w.stored_scales(kind);
     const DeviceTensor d_weight = on_target(weight, target), d_weight_scale = on_target(weight_scale, target);
     const std::vector<double> values = w.values();
-    for (ActKind act : kActKinds) {
+    for (ActKind act : acts) {
       if (!act_allows_k(act, w.k)) continue;
-      for (int64_t m : {1, 7, 64, 200})
+      for (int64_t m : ms)
         check_exact_calls(target, gpu, name, w, values, kind, d_weight.view, d_weight_scale.view, act, m);
     }
   }
@@ -538,6 +541,19 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
   ASSERT_EQ(keys(h), (std::set<int>{0, 1, 7, 8}));
   ASSERT_EQ(count_wide(w), 0);
   check_exact(target(), gpu(), "fold spreads 0/1/7/8", w);
+}
+
+// The decode kernel's two paths at M = 7, few enough calls to finish under compute-sanitizer (gpu-check sanitize runs
+// this test with memcheck and racecheck): UE8M0 scales with a static activation scale (the fold where a block's
+// spread allows, per-step promotion where it does not, a K tail of 96) and with activation groups of 32 (per step),
+// and FP32 scales (per step everywhere).
+TEST_P(Fp4Linear, ExactDecodePathsSmall) {
+  const int spreads[] = {0, 12, 8, 3, 0};
+  const Fp4Matrix w = crafted_matrix(208, 608, [&](int64_t, int64_t b) { return spreads[b]; });
+  ASSERT_EQ(keys(spread_histogram(w)), (std::set<int>{0, 3, 8, 12}));
+  ASSERT_EQ(w.blocks(), 5);
+  check_exact(target(), gpu(), "decode paths, M = 7", w, {7}, {ScaleKind::UE8M0, ScaleKind::F32Pow2},
+              {ActKind::Static, ActKind::Group32Pow2});
 }
 
 // Spreads 9, 12, 40 and 2^-60..2^+30 in every row: promotion per 32 everywhere.
