@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "core/formats.hpp"
+#include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/gemm_params.cuh"
 #include "cuda/kernels/moe_activation.cuh"
 #include "cuda/kernels/quant_activations.cuh"
@@ -80,17 +81,13 @@ __device__ __forceinline__ int tile_b_row(const GemmParams& p, int n_block, int 
 }
 
 // Eight E2M1 codes (a 32-bit word, element 0 in the low nibble) → eight E4M3 bytes. Exact: every E2M1 value is an
-// E4M3 value. Magnitudes go through a byte permute over an 8-entry table; signs move from bit 3 to bit 7.
+// E4M3 value. Two halves of e2m1x4_to_e4m3x4 (fp4_expand.hpp, proven on every input by test_fp4_expand): eleven
+// instructions per eight codes (the sign bits moved by a byte permute; they were moved by masks and shifts, about
+// twice the work, on the loader warps that bound FP4 prefill).
 // `table` (lo, hi): the E4M3 bytes of the eight magnitudes; the default is E2M1 itself, a folded group passes the
 // magnitudes times 2^-d.
-__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t w, uint32_t kLo = 0x3C383000u /* 0, 0.5, 1, 1.5 */,
-                                                  uint32_t kHi = 0x4C484440u /* 2, 3, 4, 6 */) {
-  const uint32_t mag_lo = __byte_perm(kLo, kHi, w & 0x7777u);
-  const uint32_t mag_hi = __byte_perm(kLo, kHi, (w >> 16) & 0x7777u);
-  auto signs = [](uint32_t s) {  // nibble sign bits 3, 7, 11, 15 → byte sign bits 7, 15, 23, 31
-    return ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
-  };
-  return make_uint2(mag_lo | signs(w & 0x8888u), mag_hi | signs((w >> 16) & 0x8888u));
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t w, uint32_t kLo = kE2m1TableLo, uint32_t kHi = kE2m1TableHi) {
+  return make_uint2(e2m1x4_to_e4m3x4(w, kLo, kHi), e2m1x4_to_e4m3x4(w >> 16, kLo, kHi));
 }
 
 // The MoE activations (RECIPES.md), in float from the fp32 accumulators (moe_activation.cuh).
@@ -371,16 +368,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       uint2* fold_table = reinterpret_cast<uint2*>(fold_area + Smem::kFoldFlagBytes + loader * Smem::kFoldWarpBytes);
       uint32_t* fold_shift = reinterpret_cast<uint32_t*>(fold_area + Smem::kFoldFlagBytes + loader * Smem::kFoldWarpBytes + 80);
       if constexpr (kFold) {
-        if (lane < 9) {
-          constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-          uint32_t lo = 0, hi = 0;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            lo |= static_cast<uint32_t>(fmt::e4m3_from_float(ldexpf(kMag[q], -lane))) << (8 * q);
-            hi |= static_cast<uint32_t>(fmt::e4m3_from_float(ldexpf(kMag[q + 4], -lane))) << (8 * q);
-          }
-          fold_table[lane] = make_uint2(lo, hi);
-        }
+        if (lane < 9) fold_table[lane] = make_uint2(fp4_fold_table_word(lane, 0), fp4_fold_table_word(lane, 1));
         __syncwarp();
       }
       Cursor c{tile_begin, TileInfo{}, 0, 0, false};
@@ -489,7 +477,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 #pragma unroll
               for (int u = 0; u < kBatch; ++u) {
                 const int j = (base + 32 * u) & 7;
-                table[u] = kFold ? fold_table[(shift[u] >> (8 * (j >> 1))) & 0xFF] : make_uint2(0x3C383000u, 0x4C484440u);
+                table[u] = kFold ? fold_table[(shift[u] >> (8 * (j >> 1))) & 0xFF] : make_uint2(kE2m1TableLo, kE2m1TableHi);
               }
 #pragma unroll
               for (int u = 0; u < kBatch; ++u) {
@@ -504,7 +492,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             for (int item = lane; item < BLOCK_N * 8; item += 32) {
               const int r = item >> 3, j = item & 7;
               const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * (kGemmBlockK / 2) + j * 8);
-              uint2 table = make_uint2(0x3C383000u, 0x4C484440u);
+              uint2 table = make_uint2(kE2m1TableLo, kE2m1TableHi);
               if constexpr (kFold) table = fold_table[(fold_shift[r] >> (8 * (j >> 1))) & 0xFF];  // 16-byte chunk j: group j/2
               const uint2 lo = e2m1x8_to_e4m3x8(packed.x, table.x, table.y), hi = e2m1x8_to_e4m3x8(packed.y, table.x, table.y);
               *reinterpret_cast<uint4*>(dst + r * kGemmBlockK + ((j ^ (r & 7)) << 4)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
