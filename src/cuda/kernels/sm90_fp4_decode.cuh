@@ -69,10 +69,7 @@ struct Fp4DecodeSmem {
 template <bool kFp8W>
 inline constexpr int kFp4DecodeThreads = kFp8W ? 160 : 192;
 
-inline constexpr uint2 kE2m1Table = {kE2m1TableLo, kE2m1TableHi};
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint2 tab) { return e2m1x4_to_e4m3x4(h, tab.x, tab.y); }
-
-// Row d of the fold table (fp4_fold_table_word), in the layout of kE2m1Table.
+// Row d of the fold table (fp4_fold_table_word): x holds codes 0-3, y codes 4-7.
 __device__ __forceinline__ uint2 fp4_fold_table_row(int d) {
   return make_uint2(fp4_fold_table_word(d, 0), fp4_fold_table_word(d, 1));
 }
@@ -106,10 +103,10 @@ __device__ __forceinline__ void fp4_fragment_load(const uint8_t* tile, int off0,
 
 // The expansion of a loaded fragment (exact): row r's codes through tab0, row r + 8's through tab1.
 __device__ __forceinline__ void fp4_fragment_expand(const uint32_t (&raw)[4], uint2 tab0, uint2 tab1, uint32_t (&a)[4]) {
-  a[0] = e2m1x4_to_e4m3x4(raw[0], tab0);
-  a[1] = e2m1x4_to_e4m3x4(raw[1], tab1);
-  a[2] = e2m1x4_to_e4m3x4(raw[2], tab0);
-  a[3] = e2m1x4_to_e4m3x4(raw[3], tab1);
+  a[0] = e2m1x4_to_e4m3x4(raw[0], tab0.x, tab0.y);
+  a[1] = e2m1x4_to_e4m3x4(raw[1], tab1.x, tab1.y);
+  a[2] = e2m1x4_to_e4m3x4(raw[2], tab0.x, tab0.y);
+  a[3] = e2m1x4_to_e4m3x4(raw[3], tab1.x, tab1.y);
 }
 
 __device__ __forceinline__ void store_one(const GemmParams& p, int row, int col, float v) {
