@@ -495,16 +495,14 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
   }
   if (!gpu) return;
   // The decode kernel without split-K (the epilogue stores y), with a forced split of 3 (partials and the reduce),
-  // with unswizzled weight tiles, with 256 of K per stage (128-byte weight rows), swizzled and not, and with the
-  // consumer that waits for each block's wgmma (FINEGEMM_FP4_DECODE_PIPE=0; pipelined by default up to M = 32).
+  // with unswizzled weight tiles, and with 256 of K per stage (128-byte weight rows), swizzled and not.
   using Env = std::pair<const char*, std::string>;
   for (const auto& [first, second] : std::vector<std::pair<Env, Env>>{
            {{"FINEGEMM_FP4_DECODE_SPLIT", "1"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", ""}},
            {{"FINEGEMM_FP4_DECODE_SPLIT", "3"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", ""}},
            {{"FINEGEMM_FP4_DECODE_SPLIT", ""}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}},
            {{"FINEGEMM_FP4_DECODE_STAGE_K", "256"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
-           {{"FINEGEMM_FP4_DECODE_STAGE_K", "256"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}},
-           {{"FINEGEMM_FP4_DECODE_PIPE", "0"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
+           {{"FINEGEMM_FP4_DECODE_STAGE_K", "256"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}}}) {
     const ScopedEnv a(first.first, first.second), b(second.first, second.second);
     check_exact(target, gpu, name + " (" + first.first + "=" + first.second + " " + second.first + "=" + second.second + ")", w);
   }

@@ -31,8 +31,6 @@
 // Work: one CTA per (64-row weight tile, K split). With split-K the partial totals go to p.workspace[split][M][N]
 // (splitk_reduce_kernel finishes); otherwise the epilogue stores y with the row/col scales and the bias.
 #pragma once
-#include <type_traits>
-
 #include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
 
@@ -71,15 +69,14 @@ struct Fp4DecodeSmem {
 // __launch_bounds__ hold the registers to it), and the stages that fit then: 8, 10, 11 and 7 at WN = 8, 16, 32, 64
 // with 128 of K per stage. 256 of K per stage needs more registers (at 80 and 96 a thread, WN = 8 and 16 spilled):
 // one CTA fewer there.
-// The pipelined consumer (kPipe) holds two register sets: 3, 2, 2, 2 CTAs.
-template <int WN, int kStageK, bool kPipe = false>
+template <int WN, int kStageK>
 inline constexpr int kFp4DecodeCtasPerSm =
-    kStageK == 128 && !kPipe ? (WN == 8 ? 4 : (WN == 16 ? 3 : 2)) : (WN == 8 ? 3 : 2);
-template <int WN, int kStageK, bool kPipe = false>
+    kStageK == 128 ? (WN == 8 ? 4 : (WN == 16 ? 3 : 2)) : (WN == 8 ? 3 : 2);
+template <int WN, int kStageK>
 constexpr int fp4_decode_ring_stages() {
   constexpr int kSmemPerSm = 228 * 1024, kReservedPerCta = 1024;
   using Probe = Fp4DecodeSmem<WN, 1, kStageK>;
-  constexpr int per_cta = kSmemPerSm / kFp4DecodeCtasPerSm<WN, kStageK, kPipe> - kReservedPerCta;
+  constexpr int per_cta = kSmemPerSm / kFp4DecodeCtasPerSm<WN, kStageK> - kReservedPerCta;
   return (per_cta - Probe::kFixed) / (Probe::kStageBytes + 3 * 8);
 }
 
@@ -197,11 +194,11 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // and 128 of K (b_block_n % 64 == 0, b_block_k % 128 == 0). The weights are the wgmma's A from shared memory (no
 // expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
 // (loaded by the consumers before they wait for the stage) and the tokens' scales.
-template <int WN, int kStages, int kStageK, bool kFp8W = false, bool kPipe = false>
+template <int WN, int kStages, int kStageK, bool kFp8W = false>
 // FP4 weights: the CTAs per SM the ring is sized for (kFp4DecodeCtasPerSm). E4M3 weights: two CTAs per SM at
 // WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a thread). With
 // __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
-__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 2 : 1) : kFp4DecodeCtasPerSm<WN, kStageK, kPipe>)
+__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 2 : 1) : kFp4DecodeCtasPerSm<WN, kStageK>)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -413,128 +410,84 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
       for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
     // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
     const uint2 plain_tab = fold_tab[0];
-    const uint8_t* tab_bytes = reinterpret_cast<const uint8_t*>(fold_tab);
-    auto release = [&](int stage) {
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
-    };
-    // kPipe: a folded block's wgmma group stays in flight while the next block's codes load and expand (into the
-    // other of two register sets); its promotion follows the next block's commit (wgmma_wait<1>). Without it each
-    // block waits for its own group, and the consumer, not the memory, bounded the kernel (ncu at M = 1: 8.25
-    // cycles per issued instruction with four consumer warps per scheduler, the ring half empty).
-    // The pending block, if any, is always the previous one (parity 1 - P); its stage is released once promoted,
-    // when it was its stage's last block (pending_release, or -1).
-    uint32_t a[2][4][4];
-    float acc[2][kAcc];
-    float pending_rs[2][2];
-    float2 pending_xv[2][WN / 8];
-    bool pending = false;
-    int pending_release = -1;
-    auto promote_fold = [&](const float (&c)[kAcc], const float (&rs)[2], const float2 (&xv)[WN / 8]) {
-#pragma unroll
-      for (int j = 0; j < WN / 8; ++j) {
-        total[4 * j + 0] = fmaf(c[4 * j + 0] * rs[0], xv[j].x, total[4 * j + 0]);
-        total[4 * j + 1] = fmaf(c[4 * j + 1] * rs[0], xv[j].y, total[4 * j + 1]);
-        total[4 * j + 2] = fmaf(c[4 * j + 2] * rs[1], xv[j].x, total[4 * j + 2]);
-        total[4 * j + 3] = fmaf(c[4 * j + 3] * rs[1], xv[j].y, total[4 * j + 3]);
-      }
-    };
-    // Completes the pending block (parity Q) once at most `left_` wgmma groups remain in flight.
-    auto finish = [&](auto q_, auto left_) {
-      constexpr int Q = decltype(q_)::value;
-      ptx::wgmma_wait<decltype(left_)::value>();
-      ptx::fence_operands(acc[Q]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) fence_regs(a[Q][j]);
-      promote_fold(acc[Q], pending_rs[Q], pending_xv[Q]);
-      if (pending_release >= 0) release(pending_release);
-      pending = false;
-    };
-    // Block b of this CTA's range (kBlocks per stage), into register set P = b % 2.
-    auto block = [&](auto p_, int b) {
-      constexpr int P = decltype(p_)::value;
-      const int i = b / kBlocks, q = b % kBlocks;
+    for (int i = 0; i < kb_count; ++i) {
       const int stage = i % kStages;
-      if (q == 0) ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+      ptx::mbar_wait(&full[stage], (i / kStages) & 1);
       const uint8_t* wt = smem_w + stage * Smem::kStageW;
-      const uint8_t* area = smem_area + stage * Smem::kStageArea + q * Smem::kBlockArea;
+      const uint8_t* area = smem_area + stage * Smem::kStageArea;
+      const uint32_t* flags = smem_flags + stage * 4;
       const float* xs = smem_xs + stage * kSteps * WN;
       const uint8_t* xt = smem_x + stage * Smem::kStageX;
       auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
         return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
       };
-      uint32_t raw[4][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
-      const uint32_t* offsets = reinterpret_cast<const uint32_t*>(area);  // [64] (fold)
-      const float* scale = reinterpret_cast<const float*>(area);          // [4][64]
-      if (smem_flags[stage * 4 + q] != 0u) {
-        // Each group's table row: byte j of the row's offsets is the byte offset of its row in fold_tab.
-        const uint32_t off[2] = {offsets[r0], offsets[r0 + 8]};
+      for (int q = 0; q < kBlocks; ++q) {
+        uint32_t raw[4][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          fp4_fragment_expand(raw[j], *reinterpret_cast<const uint2*>(tab_bytes + ((off[0] >> (8 * j)) & 0xFFu)),
-                              *reinterpret_cast<const uint2*>(tab_bytes + ((off[1] >> (8 * j)) & 0xFFu)), a[P][j]);
-        ptx::wgmma_fence();
+        for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
+        const uint32_t* offsets = reinterpret_cast<const uint32_t*>(area + q * Smem::kBlockArea);  // [64] (fold)
+        const float* scale = reinterpret_cast<const float*>(area + q * Smem::kBlockArea);         // [4][64]
+        if (flags[q] != 0u) {
+          // Each group's table row: byte j of the row's offsets is the byte offset of its row in fold_tab.
+          const uint32_t off[2] = {offsets[r0], offsets[r0 + 8]};
+          const uint8_t* tab_bytes = reinterpret_cast<const uint8_t*>(fold_tab);
+          uint32_t a[4][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) Mma::mma(a[P][j], desc_of(4 * q + j), acc[P], j > 0);
-        ptx::wgmma_commit();
-#pragma unroll
-        for (int j = 0; j < WN / 8; ++j)
-          pending_xv[P][j] =
-              p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-        pending_rs[P][0] = scale[kFp4DecodeRows + r0];
-        pending_rs[P][1] = scale[kFp4DecodeRows + r0 + 8];
-        if constexpr (kPipe) {
-          if (pending) finish(std::integral_constant<int, 1 - P>{}, std::integral_constant<int, 1>{});
-          pending = true;
-          pending_release = q == kBlocks - 1 ? stage : -1;
-        } else {
-          pending_release = q == kBlocks - 1 ? stage : -1;
-          finish(std::integral_constant<int, P>{}, std::integral_constant<int, 0>{});
-        }
-      } else {
-        if constexpr (kPipe) {
-          if (pending) finish(std::integral_constant<int, 1 - P>{}, std::integral_constant<int, 0>{});
-        }
-        float wsc[2][4];  // per row and step: the group's scale (0 past K)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
-        float sum[kAcc];
-#pragma unroll
-        for (int g0 = 0; g0 < 4; g0 += kPar) {
-          uint32_t ap[kPar][4];
-          float accp[kPar][kAcc];
-#pragma unroll
-          for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[g0 + j], plain_tab, plain_tab, ap[j]);
+          for (int j = 0; j < 4; ++j)
+            fp4_fragment_expand(raw[j], *reinterpret_cast<const uint2*>(tab_bytes + ((off[0] >> (8 * j)) & 0xFFu)),
+                                *reinterpret_cast<const uint2*>(tab_bytes + ((off[1] >> (8 * j)) & 0xFFu)), a[j]);
+          float acc[kAcc];
           ptx::wgmma_fence();
 #pragma unroll
-          for (int j = 0; j < kPar; ++j) Mma::mma(ap[j], desc_of(4 * q + g0 + j), accp[j], false);
+          for (int j = 0; j < 4; ++j) Mma::mma(a[j], desc_of(4 * q + j), acc, j > 0);
           ptx::wgmma_commit();
+          float2 xv[WN / 8];
+#pragma unroll
+          for (int j = 0; j < WN / 8; ++j)
+            xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+          const float row_scale[2] = {scale[kFp4DecodeRows + r0], scale[kFp4DecodeRows + r0 + 8]};
           ptx::wgmma_wait<0>();
+          ptx::fence_operands(acc);
 #pragma unroll
-          for (int j = 0; j < kPar; ++j) {
-            ptx::fence_operands(accp[j]);
-            fence_regs(ap[j]);
+          for (int j = 0; j < 4; ++j) fence_regs(a[j]);
+#pragma unroll
+          for (int j = 0; j < WN / 8; ++j) {
+            total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv[j].x, total[4 * j + 0]);
+            total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv[j].y, total[4 * j + 1]);
+            total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv[j].x, total[4 * j + 2]);
+            total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
           }
+        } else {
+          float wsc[2][4];  // per row and step: the group's scale (0 past K)
 #pragma unroll
-          for (int j = 0; j < kPar; ++j) promote(4 * q + g0 + j, accp[j], wsc[0][g0 + j], wsc[1][g0 + j], xs, sum);
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+          float sum[kAcc];
+#pragma unroll
+          for (int b = 0; b < 4; b += kPar) {
+            uint32_t a[kPar][4];
+            float acc[kPar][kAcc];
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) {
+              ptx::fence_operands(acc[j]);
+              fence_regs(a[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
+          }
         }
-        if (q == kBlocks - 1) release(stage);
       }
-    };
-    const int num_blocks = kb_count * kBlocks;
-    for (int b = 0; b < num_blocks; b += 2) {
-      block(std::integral_constant<int, 0>{}, b);
-      if (b + 1 < num_blocks) block(std::integral_constant<int, 1>{}, b + 1);
-    }
-    if constexpr (kPipe) {
-      if (pending) {
-        if ((num_blocks - 1) % 2 == 0) finish(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
-        else finish(std::integral_constant<int, 1>{}, std::integral_constant<int, 0>{});
-      }
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
     }
   }  // FP4 weights
 

@@ -12,29 +12,29 @@ namespace {
 // (fp4_decode_ring_stages; 6.2 KB per 128 of K at WN = 8: 8 stages, ~128 KB of weights in flight per SM, against
 // 6 × 4 KB per CTA, ~82 KB, when the prepared tables took 2 KB of each stage).
 // E4M3 weights (8 KB per stage): 6 stages at WN ≤ 16, 4 at 32 and 64.
-template <int WN, int kStageK, bool kFp8W, bool kPipe = false>
-constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4) : fp4_decode_ring_stages<WN, kStageK, kPipe>();
+template <int WN, int kStageK, bool kFp8W>
+constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4) : fp4_decode_ring_stages<WN, kStageK>();
 static_assert(kFp4DecodeStages<8, 128, false> == 8 && kFp4DecodeStages<64, 128, false> == 7, "ring sizes");
 
-template <int WN, int kStageK, bool kFp8W, bool kPipe>
+template <int WN, int kStageK, bool kFp8W>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kPipe>, kStageK, kFp8W, kPipe>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>;
 }
 
-template <int WN, int kStageK, bool kFp8W, bool kPipe>
+template <int WN, int kStageK, bool kFp8W>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kPipe>, kStageK, kFp8W>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN, int kStageK, bool kFp8W, bool kPipe>
+template <int WN, int kStageK, bool kFp8W>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kPipe>();
-    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kPipe>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W>();
+    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kFp4DecodeThreads<kFp8W>, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
@@ -43,42 +43,34 @@ int prepare_kernel(int device) {
   return ctas;
 }
 
-template <int kStageK, bool kFp8W, bool kPipe>
+template <int kStageK, bool kFp8W>
 int prepare(int wn, int device) {
   switch (wn) {
-    case 8: return prepare_kernel<8, kStageK, kFp8W, kPipe>(device);
-    case 16: return prepare_kernel<16, kStageK, kFp8W, kPipe>(device);
-    case 32: return prepare_kernel<32, kStageK, kFp8W, kPipe>(device);
-    default:
-      // WN = 64 pipelined would need 2 × 32 accumulator and 2 × 16 fragment registers: ptxas spilled 1.2 KB.
-      if constexpr (kPipe) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no pipelined kernel for 64 token columns");
-      else return prepare_kernel<64, kStageK, kFp8W, kPipe>(device);
+    case 8: return prepare_kernel<8, kStageK, kFp8W>(device);
+    case 16: return prepare_kernel<16, kStageK, kFp8W>(device);
+    case 32: return prepare_kernel<32, kStageK, kFp8W>(device);
+    default: return prepare_kernel<64, kStageK, kFp8W>(device);
   }
 }
 
-// The instantiations: E4M3 weights (128 of K per stage); FP4 at 256 of K; FP4 at 128 of K, pipelined or not.
 int prepare(const Fp4DecodeConfig& c, int device) {
-  if (c.fp8_weights) return prepare<128, true, false>(c.wn, device);
-  if (c.stage_k == 256) return prepare<256, false, false>(c.wn, device);
-  return c.pipe ? prepare<128, false, true>(c.wn, device) : prepare<128, false, false>(c.wn, device);
+  if (c.fp8_weights) return prepare<128, true>(c.wn, device);
+  return c.stage_k == 256 ? prepare<256, false>(c.wn, device) : prepare<128, false>(c.wn, device);
 }
 
-template <int WN, int kStageK, bool kFp8W, bool kPipe>
+template <int WN, int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
-  fp4_decode_kernel<WN, kStageK, kFp8W, kPipe>()<<<c.tiles * c.split_k, kFp4DecodeThreads<kFp8W>,
-                                                   fp4_decode_smem<WN, kStageK, kFp8W, kPipe>(), stream>>>(
+  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, kFp4DecodeThreads<kFp8W>, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
       x, w, p, c.split_k, c.kb_per_split, c.swizzle);
 }
 
-template <int kStageK, bool kFp8W, bool kPipe>
+template <int kStageK, bool kFp8W>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W, kPipe>(x, w, p, c, stream);
-    case 16: return launch<16, kStageK, kFp8W, kPipe>(x, w, p, c, stream);
-    case 32: return launch<32, kStageK, kFp8W, kPipe>(x, w, p, c, stream);
-    default:
-      if constexpr (kPipe) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no pipelined kernel for 64 token columns");
-      else return launch<64, kStageK, kFp8W, kPipe>(x, w, p, c, stream);
+    case 8: return launch<8, kStageK, kFp8W>(x, w, p, c, stream);
+    case 16: return launch<16, kStageK, kFp8W>(x, w, p, c, stream);
+    case 32: return launch<32, kStageK, kFp8W>(x, w, p, c, stream);
+    default: return launch<64, kStageK, kFp8W>(x, w, p, c, stream);
   }
 }
 
@@ -97,8 +89,6 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
     if (c.stage_k != 128 && c.stage_k != 256)
       throw Error(std::string("FINEGEMM_FP4_DECODE_STAGE_K: expected 128 or 256, got '") + forced + "'");
   }
-  // The pipelined consumer (FINEGEMM_FP4_DECODE_PIPE, on by default at 128 of K per stage up to 32 tokens).
-  c.pipe = !fp8_weights && c.stage_k == 128 && c.wn <= 32 && env_switch("FINEGEMM_FP4_DECODE_PIPE", true);
   const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
   // at least 512 of K per split: each split costs M × N floats of partials.
@@ -115,9 +105,8 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d pipe=%d\n",
-                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0,
-                 c.pipe ? 1 : 0);
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
+                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0);
   return c;
 }
 
@@ -130,16 +119,15 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
-    launch<128, true, false>(tma_x, make_tma_2d(b, p.n, p.k, ldb, kFp4DecodeRows), p, c, stream);
+    launch<128, true>(tma_x, make_tma_2d(b, p.n, p.k, ldb, kFp4DecodeRows), p, c, stream);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const CUtensorMap tma_w = c.stage_k == 128
                                 ? make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 256) launch<256, false, false>(tma_x, tma_w, p, c, stream);
-  else if (c.pipe) launch<128, false, true>(tma_x, tma_w, p, c, stream);
-  else launch<128, false, false>(tma_x, tma_w, p, c, stream);
+  if (c.stage_k == 256) launch<256, false>(tma_x, tma_w, p, c, stream);
+  else launch<128, false>(tma_x, tma_w, p, c, stream);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -38,7 +38,6 @@ struct Fp4DecodeConfig {
   bool fp8_weights = false;  // E4M3 weights (FINEGEMM_FP8_DECODE=1)
   int stage_k = 128;  // K per pipeline stage: 128 or 256 (FINEGEMM_FP4_DECODE_STAGE_K)
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
-  bool pipe = false;    // FP4 at 128 of K: the pipelined consumer (FINEGEMM_FP4_DECODE_PIPE=0 turns it off)
 };
 int fp4_decode_width(int m);
 // fp8_weights: the same kernel on E4M3 weights with 64x128-constant block scales (FINEGEMM_FP8_DECODE=1, off).
