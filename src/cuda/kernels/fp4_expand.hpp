@@ -55,31 +55,4 @@ FG_HD uint32_t fp4_fold_table_word(int d, int half) {
   return w;
 }
 
-// The fold of one weight row over one 128 of K (four MX groups, UE8M0 exponents e_j, byte j of `word`; the first
-// `valid` lie inside K, the rest have zero codes and take no part): when every valid e_j is within 2^8 of the largest,
-// e_max, group j expands exactly through fold table row e_max - e_j (fp4_fold_table_word) and the row's sum is
-// scaled once by 2^(e_max - 127). `offsets` holds, per group, the byte offset of its table row in a table of
-// 8-byte rows (8 · (e_max - e_j); 0, the plain row, past `valid`), so that the consumer's lookup is one byte extract
-// and one add. When the row does not fit, `fits` is false and the other fields are unspecified.
-struct Fp4RowFold {
-  bool fits;
-  uint32_t offsets;  // byte j: 8 · (e_max - e_j)
-  uint32_t e_max;    // UE8M0 bits of the row's scale
-};
-
-FG_HD Fp4RowFold fp4_row_fold(uint32_t word, int valid) {
-  int hi = 0, lo = 255;
-  for (int j = 0; j < 4; ++j) {
-    const int e = static_cast<int>((word >> (8 * j)) & 0xFFu);
-    if (j < valid) hi = hi > e ? hi : e, lo = lo < e ? lo : e;
-  }
-  Fp4RowFold f{hi - lo <= 8, 0u, static_cast<uint32_t>(hi)};
-  for (int j = 0; j < 4; ++j) {
-    const int e = static_cast<int>((word >> (8 * j)) & 0xFFu);
-    const int d = j < valid ? hi - e : 0;
-    f.offsets |= static_cast<uint32_t>(8 * (d & 0xF)) << (8 * j);
-  }
-  return f;
-}
-
 }  // namespace finegemm::cuda

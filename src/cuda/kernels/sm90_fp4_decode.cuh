@@ -41,44 +41,29 @@ inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer 
 // kStageK: K per pipeline stage, 128 or 256 (weight rows of 64 or 128 bytes per TMA box row; the activation tile is
 // one or two 128-byte-swizzled boxes).
 // kFp8W: E4M3 weights (128 bytes per row and 128 of K), the option FINEGEMM_FP8_DECODE=1.
-// Per stage, in order: activations, weights, then (FP4 weights only) one 1 KB scale area per 128 of K ("block"),
-// written by the loader's copies and prepared in place by the preparer warp (fp4_decode_prepare_scales):
-//   as copied: [64] uint32, the rows' four UE8M0 scales (UE8M0 and packed UE8M0 scales), or [4][64] float (FP32);
-//   fold:      [64] uint32 table-row offsets (fp4_row_fold) and [64] float 2^e_max per row;
-//   per step:  [4][64] float, the groups' scales;
-// the blocks' fold flags (uint32 each, 16 bytes per stage), and the activation scales [kSteps][WN] float.
-// The area is what the compact stage saves: the prepared uint2 tables took 2 KB per block, and the ring holds more
-// weight bytes per SM without them (the consumers starved at 6 stages, see docs/gpu.md).
+// Per stage, in order: activations, weights, then (FP4 weights only) per 128 of K ("block"):
+//   fold:  [4][64] uint2 expansion tables (the fold) or [4][64] float scales (per step), 2 KB;
+//   words: [64] uint32, the rows' four UE8M0 scales as copied (UE8M0 and packed UE8M0 scales);
+//   row:   [64] float, 2^e_max per row (the fold);
+//   flag:  uint32, whether the block folds (padded to 16 bytes per stage);
+// and the activation scales [kSteps][WN] float.
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
 struct Fp4DecodeSmem {
   static constexpr int kSteps = kStageK / 32;                     // wgmma k32 steps (MX groups) per stage
   static constexpr int kBlocks = kStageK / 128;                   // 128s of K per stage
   static constexpr int kStageX = WN * kStageK;                    // E4M3 activations: kStageK / 128 boxes of WN × 128
   static constexpr int kStageW = kFp4DecodeRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
-  static constexpr int kBlockArea = 4 * kFp4DecodeRows * 4;      // 1 KB
-  static constexpr int kStageArea = kFp8W ? 0 : kBlocks * kBlockArea;
+  static constexpr int kBlockFold = 4 * kFp4DecodeRows * 8;
+  static constexpr int kStageFold = kFp8W ? 0 : kBlocks * kBlockFold;
+  static constexpr int kStageWords = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
+  static constexpr int kStageRowScale = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
   static constexpr int kStageFlags = kFp8W ? 0 : 16;
   static constexpr int kStageXScales = kSteps * WN * 4;  // [kSteps][WN] float
-  static constexpr int kStageBytes = kStageX + kStageW + kStageArea + kStageFlags + kStageXScales;
-  static constexpr int kFoldTable = 16 * 8;  // rows 0-8: fp4_fold_table_row(d)
-  static constexpr int kFixed = kFoldTable + 1024;  // and 1024 of alignment slack
-  static constexpr int kBytes = kStages * (kStageBytes + 3 * 8) + kFixed;
+  static constexpr int kFoldTable = 16 * 8;              // rows 0-8: fp4_fold_table_row(d)
+  static constexpr int kBytes = kStages * (kStageX + kStageW + kStageFold + kStageWords + kStageRowScale + kStageFlags +
+                                           kStageXScales) +
+                                3 * kStages * 8 + kFoldTable + 1024;
 };
-
-// CTAs per SM the FP4 decode kernel is sized for (its ring fills the shared memory at this count; its
-// __launch_bounds__ hold the registers to it), and the stages that fit then: 8, 10, 11 and 7 at WN = 8, 16, 32, 64
-// with 128 of K per stage. 256 of K per stage needs more registers (at 80 and 96 a thread, WN = 8 and 16 spilled):
-// one CTA fewer there.
-template <int WN, int kStageK>
-inline constexpr int kFp4DecodeCtasPerSm =
-    kStageK == 128 ? (WN == 8 ? 4 : (WN == 16 ? 3 : 2)) : (WN == 8 ? 3 : 2);
-template <int WN, int kStageK>
-constexpr int fp4_decode_ring_stages() {
-  constexpr int kSmemPerSm = 228 * 1024, kReservedPerCta = 1024;
-  using Probe = Fp4DecodeSmem<WN, 1, kStageK>;
-  constexpr int per_cta = kSmemPerSm / kFp4DecodeCtasPerSm<WN, kStageK> - kReservedPerCta;
-  return (per_cta - Probe::kFixed) / (Probe::kStageBytes + 3 * 8);
-}
 
 // Threads per CTA: the consumer warpgroup, the loader warp and (FP4 weights) the preparer warp.
 template <bool kFp8W>
@@ -143,39 +128,50 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 // float per group. UE8M0 bytes need 4-byte aligned rows of a multiple of 4 groups (fp4_decode_scales_ok, host).
 __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { return p.b_scale_fmt != ScaleFmt::F32; }
 
-// The preparer warp's preparation of one stage's weight scales (FP4 weights), in place in each block's area once its
-// copies have landed: per 128 of K (block q), with `valid` of its four MX groups inside K (at the K tail the rest
-// have zero-filled codes; their scales take no part and are 0):
-//   - UE8M0 words, when the recipe may fold (`may_fold`) and every row of the tile fits (fp4_row_fold): flag 1, per
-//     row the table-row offsets and 2^e_max;
+// The preparer warp's preparation of one stage's weight scales (FP4 weights), once its copies have landed: per 128
+// of K (block q), with `valid` of its four MX groups inside K (at the K tail the rest have zero-filled codes; their
+// scales take no part and are 0):
+//   - UE8M0 words, when the recipe may fold (`may_fold`) and every row of the tile has its valid scales within 2^8 of
+//     its largest e_max: flag 1, the tables fp4_fold_table_row(e_max - e) per row and group, 2^e_max per row;
 //   - otherwise flag 0 and the groups' float scales (FP32 scales were copied as floats: only the tail is zeroed).
-// Lane l prepares rows l and l + 32; it reads both rows' words before it writes, and writes only its rows' entries
-// ([row], [64 + row], [128 + row], [192 + row]: no other row's word lies there), so in place needs no barrier.
+// Lane l prepares rows l and l + 32.
 template <int kBlocks>
 __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, bool word_scales, bool may_fold, int kb,
-                                                          int lane, uint8_t* area, uint32_t* flags) {
+                                                          int lane, const uint2* fold_tab, uint8_t* fold,
+                                                          const uint32_t* words, float* row_scale, uint32_t* flags) {
 #pragma unroll
   for (int q = 0; q < kBlocks; ++q) {
     const int valid = p.b_scale_cols - (kb * kBlocks + q) * 4;
-    uint32_t* words = reinterpret_cast<uint32_t*>(area + q * (4 * kFp4DecodeRows * 4));
-    float* scale = reinterpret_cast<float*>(words);  // [4][64]
+    uint2* tab = reinterpret_cast<uint2*>(fold + q * (4 * kFp4DecodeRows * 8));
+    float* scale = reinterpret_cast<float*>(fold + q * (4 * kFp4DecodeRows * 8));
     bool vote = false;
     if (word_scales) {
-      const uint32_t w[2] = {words[lane], words[lane + 32]};
-      Fp4RowFold f[2];
+      int e[2][4], hi[2];
+      bool ok = may_fold;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) f[h] = fp4_row_fold(w[h], valid);
-      vote = __all_sync(0xFFFFFFFFu, may_fold && f[0].fits && f[1].fits);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w = words[q * kFp4DecodeRows + lane + 32 * h];
+        int lo = 255;
+        hi[h] = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          e[h][j] = static_cast<int>((w >> (8 * j)) & 0xFFu);
+          if (j < valid) hi[h] = max(hi[h], e[h][j]), lo = min(lo, e[h][j]);
+        }
+        ok = ok && hi[h] - lo <= 8;
+      }
+      vote = __all_sync(0xFFFFFFFFu, ok);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = lane + 32 * h;
         if (vote) {
-          words[row] = f[h].offsets;
-          scale[kFp4DecodeRows + row] = ue8m0_bits_to_float(f[h].e_max);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) tab[j * kFp4DecodeRows + row] = fold_tab[j < valid ? hi[h] - e[h][j] : 0];
+          row_scale[q * kFp4DecodeRows + row] = ue8m0_bits_to_float(static_cast<uint32_t>(hi[h]));
         } else {
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            scale[j * kFp4DecodeRows + row] = j < valid ? ue8m0_bits_to_float((w[h] >> (8 * j)) & 0xFFu) : 0.0f;
+            scale[j * kFp4DecodeRows + row] = j < valid ? ue8m0_bits_to_float(static_cast<uint32_t>(e[h][j])) : 0.0f;
         }
       }
     } else if (valid < 4) {
@@ -195,10 +191,9 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
 // (loaded by the consumers before they wait for the stage) and the tokens' scales.
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
-// FP4 weights: the CTAs per SM the ring is sized for (kFp4DecodeCtasPerSm). E4M3 weights: two CTAs per SM at
-// WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a thread). With
-// __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
-__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 2 : 1) : kFp4DecodeCtasPerSm<WN, kStageK>)
+// Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
+// thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
+__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -217,8 +212,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
   constexpr int kBlocks = Smem::kBlocks;
   uint8_t* smem_x = smem;
   uint8_t* smem_w = smem_x + kStages * Smem::kStageX;
-  uint8_t* smem_area = smem_w + kStages * Smem::kStageW;
-  uint32_t* smem_flags = reinterpret_cast<uint32_t*>(smem_area + kStages * Smem::kStageArea);
+  uint8_t* smem_fold = smem_w + kStages * Smem::kStageW;
+  uint32_t* smem_words = reinterpret_cast<uint32_t*>(smem_fold + kStages * Smem::kStageFold);
+  float* smem_rs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem_words) + kStages * Smem::kStageWords);
+  uint32_t* smem_flags = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(smem_rs) + kStages * Smem::kStageRowScale);
   float* smem_xs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem_flags) + kStages * Smem::kStageFlags);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_xs + kStages * kSteps * WN);
   uint64_t* empty = full + kStages;
@@ -259,8 +256,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
     for (int i = 0; i < kb_count; ++i) {
       const int stage = i % kStages;
       ptx::mbar_wait(&landed[stage], (i / kStages) & 1);
-      fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + i, lane, smem_area + stage * Smem::kStageArea,
-                                         smem_flags + stage * 4);
+      fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + i, lane, fold_tab,
+                                         smem_fold + stage * Smem::kStageFold, smem_words + stage * kBlocks * kFp4DecodeRows,
+                                         smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
       ptx::mbar_arrive(&full[stage]);
     }
     return;
@@ -289,9 +287,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
                            kb * kStageK + j * kGemmBlockK, 0);
       }
       float* xs = smem_xs + stage * kSteps * WN;
-      // Weight scales into each block's area: words of four groups ([64] uint32) or floats ([4][64]). The K tail's
-      // groups past the last scale read the last one (their weights are zero-filled; the preparation zeroes their
-      // scales).
+      // Weight scales: words of four groups ([kBlocks][64], prepared into the fold area a stage later) or floats
+      // straight into the fold area ([kBlocks][4][64]). The K tail's groups past the last scale read the last one
+      // (their weights are zero-filled; the preparation zeroes their scales).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (kFp8W) {
@@ -305,15 +303,13 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
                     ? static_cast<const void*>(static_cast<const uint8_t*>(p.b_scale) + rows[h] * p.b_scale_stride_n + group)
                     : static_cast<const void*>(static_cast<const int32_t*>(p.b_scale) + rows[h] * p.b_scale_stride_n +
                                                min(kb * kSteps / 4 + q, (p.b_scale_cols + 3) / 4 - 1));
-            ptx::cp_async_4(reinterpret_cast<uint32_t*>(smem_area + stage * Smem::kStageArea + q * Smem::kBlockArea) + lane +
-                                32 * h,
-                            src);
+            ptx::cp_async_4(smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows + lane + 32 * h, src);
           }
         } else {
-          float* ws = reinterpret_cast<float*>(smem_area + stage * Smem::kStageArea);
+          float* ws = reinterpret_cast<float*>(smem_fold + stage * Smem::kStageFold);
 #pragma unroll
           for (int s = 0; s < kSteps; ++s)
-            ptx::cp_async_4(ws + (s / 4) * (Smem::kBlockArea / 4) + (s % 4) * kFp4DecodeRows + lane + 32 * h,
+            ptx::cp_async_4(ws + (s / 4) * (Smem::kBlockFold / 4) + (s % 4) * kFp4DecodeRows + lane + 32 * h,
                             static_cast<const float*>(p.b_scale) + rows[h] * p.b_scale_stride_n +
                                 min(kb * kSteps + s, p.b_scale_cols - 1));
         }
@@ -414,7 +410,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
       const int stage = i % kStages;
       ptx::mbar_wait(&full[stage], (i / kStages) & 1);
       const uint8_t* wt = smem_w + stage * Smem::kStageW;
-      const uint8_t* area = smem_area + stage * Smem::kStageArea;
+      const uint8_t* fold_area = smem_fold + stage * Smem::kStageFold;
+      const float* rs = smem_rs + stage * kBlocks * kFp4DecodeRows;
       const uint32_t* flags = smem_flags + stage * 4;
       const float* xs = smem_xs + stage * kSteps * WN;
       const uint8_t* xt = smem_x + stage * Smem::kStageX;
@@ -426,17 +423,13 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
         uint32_t raw[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
-        const uint32_t* offsets = reinterpret_cast<const uint32_t*>(area + q * Smem::kBlockArea);  // [64] (fold)
-        const float* scale = reinterpret_cast<const float*>(area + q * Smem::kBlockArea);         // [4][64]
+        const uint2* tab = reinterpret_cast<const uint2*>(fold_area + q * Smem::kBlockFold);      // [4][64]
+        const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
         if (flags[q] != 0u) {
-          // Each group's table row: byte j of the row's offsets is the byte offset of its row in fold_tab.
-          const uint32_t off[2] = {offsets[r0], offsets[r0 + 8]};
-          const uint8_t* tab_bytes = reinterpret_cast<const uint8_t*>(fold_tab);
           uint32_t a[4][4];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            fp4_fragment_expand(raw[j], *reinterpret_cast<const uint2*>(tab_bytes + ((off[0] >> (8 * j)) & 0xFFu)),
-                                *reinterpret_cast<const uint2*>(tab_bytes + ((off[1] >> (8 * j)) & 0xFFu)), a[j]);
+            fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], a[j]);
           float acc[kAcc];
           ptx::wgmma_fence();
 #pragma unroll
@@ -446,7 +439,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, kFp8W ? (WN == 64 ? 
 #pragma unroll
           for (int j = 0; j < WN / 8; ++j)
             xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-          const float row_scale[2] = {scale[kFp4DecodeRows + r0], scale[kFp4DecodeRows + r0 + 8]};
+          const float row_scale[2] = {rs[q * kFp4DecodeRows + r0], rs[q * kFp4DecodeRows + r0 + 8]};
           ptx::wgmma_wait<0>();
           ptx::fence_operands(acc);
 #pragma unroll

@@ -8,13 +8,13 @@
 namespace finegemm::cuda {
 namespace {
 
-// Stages (kStageK of K each). FP4 weights: as many as fill the shared memory at kFp4DecodeCtasPerSm CTAs per SM
-// (fp4_decode_ring_stages; 6.2 KB per 128 of K at WN = 8: 8 stages, ~128 KB of weights in flight per SM, against
-// 6 × 4 KB per CTA, ~82 KB, when the prepared tables took 2 KB of each stage).
+// Stages (kStageK of K each; FP4 weights take about 7.7 KB per 128 of K at WN = 8 with the prepared scales): about
+// 50 KB (128) or 60 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share an SM; 2 CTAs at WN = 64 (its
+// __launch_bounds__).
 // E4M3 weights (8 KB per stage): 6 stages at WN ≤ 16, 4 at 32 and 64.
+// Half the stages (twice the CTAs per SM) measured the same (51.8 vs 51.2 µs at M = 1, N = 7168, K = 16384).
 template <int WN, int kStageK, bool kFp8W>
-constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4) : fp4_decode_ring_stages<WN, kStageK>();
-static_assert(kFp4DecodeStages<8, 128, false> == 8 && kFp4DecodeStages<64, 128, false> == 7, "ring sizes");
+constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3));
 
 template <int WN, int kStageK, bool kFp8W>
 auto fp4_decode_kernel() {
