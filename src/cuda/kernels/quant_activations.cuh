@@ -1,5 +1,16 @@
 // Activation quantization: F32/BF16/F16 → E4M3, with scales in the layout the GEMM reads ([M, K/group] row-major).
-// Bandwidth-bound: every thread moves 8 elements with 16-byte (BF16/F16) or 2×16-byte (F32) accesses.
+//
+// Bandwidth-bound, and at H200 bandwidth close to issue-bound too: a thread moves vectors of 8 elements with 16-byte
+// (BF16/F16) or 2×16-byte (F32) streaming loads, issued all before the first use. What keeps it fast:
+//  - No division per element. The reference computes q = e4m3(x / s) with an IEEE division (about ten instructions
+//    and a branch each). Here each scale gives two floats lo ≤ 1/s ≤ hi, and a vector's codes are e4m3(x·lo); they
+//    are provably the codes of x / s whenever e4m3(x·lo) == e4m3(x·hi) (quantize8_fast says why). Power-of-two
+//    scales have lo = hi = 1/s exactly. The few vectors near an E4M3 rounding boundary, NaN inputs and scales out of
+//    range take the exact division (quantize8): either way the bytes are those of x / s, the CPU reference's.
+//  - Group kernel: grid-stride over the tensor with a resident grid; each thread holds 2 vectors of one group, the
+//    group's vectors kLanes apart so that each load instruction of a warp reads whole 32-byte sectors.
+//  - Per-token kernel: one pass. A row's threads hold the whole row in registers (up to kTokenVecs vectors each,
+//    K ≤ 32768), reduce the row maximum, and quantize from registers; longer rows take a two-pass fallback.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,38 +22,79 @@ namespace finegemm::cuda {
 
 inline constexpr float kE4M3MaxF = 448.0f;
 inline constexpr float kMinAmax = 1e-4f;
+inline constexpr int kQuantThreads = 256;  // group and static kernels
+inline constexpr int kTokenVecs = 4;       // per-token kernel: vectors of 8 elements each thread holds
+inline constexpr int kTokenMaxThreads = 1024;
+
+// 16 bytes from memory read once: not kept in L1; the L2 fetches the surrounding 256 bytes at once.
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 
 template <typename T>
 struct Vec8;
 template <>
 struct Vec8<float> {
-  float4 lo, hi;
+  uint4 lo, hi;
   __device__ __forceinline__ void load(const float* p) {
-    lo = reinterpret_cast<const float4*>(p)[0];
-    hi = reinterpret_cast<const float4*>(p)[1];
+    lo = reinterpret_cast<const uint4*>(p)[0];
+    hi = reinterpret_cast<const uint4*>(p)[1];
   }
+  __device__ __forceinline__ void load_streaming(const float* p) {
+    lo = cuda::load_streaming(p);
+    hi = cuda::load_streaming(p + 4);
+  }
+  __device__ __forceinline__ void zero() { lo = hi = make_uint4(0, 0, 0, 0); }
   __device__ __forceinline__ void to_float(float (&v)[8]) const {
-    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w; v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(w[i]);
+  }
+  // max(amax, |v[0]|, ..., |v[7]|), NaN ignored as fmaxf does.
+  __device__ __forceinline__ float max_abs(float amax) const {
+    float v[8];
+    to_float(v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    return amax;
   }
 };
 template <>
 struct Vec8<__nv_bfloat16> {
   uint4 raw;
   __device__ __forceinline__ void load(const __nv_bfloat16* p) { raw = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void load_streaming(const __nv_bfloat16* p) { raw = cuda::load_streaming(p); }
+  __device__ __forceinline__ void zero() { raw = make_uint4(0, 0, 0, 0); }
+  // A BF16 is the top half of the float it widens to: one shift or mask per element.
   __device__ __forceinline__ void to_float(float (&v)[8]) const {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
+      v[2 * i] = __uint_as_float(w[i] << 16);
+      v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
     }
+  }
+  // max(amax, |v[0]|, ..., |v[7]|) on the packed pairs (exact; __hmax2 ignores NaN as fmaxf does). Not widening
+  // first keeps the per-token kernel from holding a widened copy of its row.
+  __device__ __forceinline__ float max_abs(float amax) const {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    __nv_bfloat162 m = __habs2(h[0]);
+#pragma unroll
+    for (int i = 1; i < 4; ++i) m = __hmax2(m, __habs2(h[i]));
+    const float2 f = __bfloat1622float2(m);
+    return fmaxf(amax, fmaxf(f.x, f.y));
   }
 };
 template <>
 struct Vec8<__half> {
   uint4 raw;
   __device__ __forceinline__ void load(const __half* p) { raw = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void load_streaming(const __half* p) { raw = cuda::load_streaming(p); }
+  __device__ __forceinline__ void zero() { raw = make_uint4(0, 0, 0, 0); }
   __device__ __forceinline__ void to_float(float (&v)[8]) const {
     const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
@@ -52,16 +104,33 @@ struct Vec8<__half> {
       v[2 * i + 1] = f.y;
     }
   }
+  // As Vec8<__nv_bfloat16>::max_abs.
+  __device__ __forceinline__ float max_abs(float amax) const {
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+    __half2 m = __habs2(h[0]);
+#pragma unroll
+    for (int i = 1; i < 4; ++i) m = __hmax2(m, __habs2(h[i]));
+    const float2 f = __half22float2(m);
+    return fmaxf(amax, fmaxf(f.x, f.y));
+  }
 };
 
-// Smallest power of two ≥ s (UE8M0 scales), for positive finite s.
+// Smallest power of two ≥ s (UE8M0 scales) for positive s, at most 2^127 (UE8M0's largest, byte 254): s = inf
+// (a group holding an infinity) gives 2^127, as fmt::pow2_ceil does.
 __device__ __forceinline__ float pow2_ceil_device(float s) {
   uint32_t b = __float_as_uint(s);
   if (b & 0x7FFFFFu) b = (b & 0xFF800000u) + 0x800000u;
-  return __uint_as_float(b & 0xFF800000u);
+  return __uint_as_float(min(b & 0xFF800000u, 0x7F000000u));
 }
 
-// Eight values / s → eight E4M3 bytes (round to nearest even, saturating; NaN stays NaN).
+// The dynamic scale of a group (or row) with maximum magnitude amax, exactly as the CPU reference makes it.
+__device__ __forceinline__ float dynamic_scale(float amax, bool pow2) {
+  const float s = fmaxf(amax, kMinAmax) / kE4M3MaxF;
+  return pow2 ? pow2_ceil_device(s) : s;
+}
+
+// Eight values / s → eight E4M3 bytes (round to nearest even, saturating; NaN stays NaN). The definition: every
+// other path must give these bytes.
 __device__ __forceinline__ uint2 quantize8(const float (&v)[8], float s) {
   uint32_t words[2];
 #pragma unroll
@@ -77,56 +146,181 @@ __device__ __forceinline__ uint2 quantize8(const float (&v)[8], float s) {
   return make_uint2(words[0], words[1]);
 }
 
-// Dynamic per-(row, group) scales. One thread: kVecs vectors of 8 elements, blockDim.x vectors apart, all loaded
-// before the first reduction (bytes in flight: one 16-byte load per thread left group-128 at 75% of the copy
-// bandwidth); a group of G elements: G/8 consecutive lanes.
-template <typename T, int kGroup, int kVecs = 2>
-__global__ void quant_per_token_group_kernel(const T* __restrict__ x, uint8_t* __restrict__ x_q,
-                                             float* __restrict__ x_scale, int64_t num_vectors, bool pow2) {
-  static_assert(kGroup == 32 || kGroup == 64 || kGroup == 128, "kGroup: 32, 64 or 128");
-  constexpr int kLanes = kGroup / 8;
-  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) * kVecs + threadIdx.x;
-  float v[kVecs][8];
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-    const int64_t vec = first + static_cast<int64_t>(u) * blockDim.x;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[u][i] = 0.0f;
-    if (vec < num_vectors) {
-      Vec8<T> in;
-      in.load(x + vec * 8);
-      in.to_float(v[u]);
-    }
+// Floats lo ≤ 1/s ≤ hi (as real numbers) for quantize8_fast.
+//  - General s in [2^-125, 2^125]: 1/s is a normal float, so r = RN(1/s) = (1/s)(1+e) with |e| ≤ 2^-24, and the
+//    products below are normal too. lo = RN(r(1-2^-21)) ≤ (1/s)(1+2^-24)²(1-2^-21) < 1/s, and likewise
+//    hi ≥ (1/s)(1-2^-24)²(1+2^-21) > 1/s.
+//  - Power-of-two s (kExact) in that range: 1/s is a float, r = 1/s exactly, lo = hi = r.
+//  - Any other s (0, inf, NaN, a static scale beyond the range): NaN bounds; every code is then NaN and
+//    quantize8_fast sends every vector to the exact division.
+struct ReciprocalBounds {
+  float lo, hi;
+};
+template <bool kExact>
+__device__ __forceinline__ ReciprocalBounds reciprocal_bounds(float s) {
+  const bool in_range = s >= 0x1p-125f && s <= 0x1p125f;  // false for NaN
+  const float r = in_range ? 1.0f / s : __uint_as_float(0x7FFFFFFFu);
+  if constexpr (kExact) return {r, r};
+  return {r * (1.0f - 0x1p-21f), r * (1.0f + 0x1p-21f)};
+}
+
+// Four floats → four E4M3 bytes (byte i = value i), the conversion quantize8 uses.
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+  const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return low | (high << 16);
+}
+
+// Division-free quantization of eight values: true when `codes` are exactly quantize8(v, s) for the s that
+// `r` bounds; false (codes unusable) when the caller must take quantize8.
+//
+// Why the codes are exact. Let x be one value, not NaN, and d = RN(x / s), the float the exact path converts.
+// For x ≥ 0, x·lo ≤ x/s ≤ x·hi as real numbers; rounding to nearest is monotonic (subnormal results and overflow to
+// inf included), so RN(x·lo) ≤ d ≤ RN(x·hi), all three of the sign of x (x < 0: the same with lo and hi swapped;
+// x = ±0: all three are x). The E4M3 conversion (round to nearest even, ±inf and everything past ±448 saturating
+// to ±448) is monotonic too, and within one sign a code names one value. So equal codes at both ends are the code
+// of d. With lo = hi (power-of-two scales) the ends coincide and d = RN(x·lo) itself.
+// NaN x, and the NaN bounds of an unusable scale, give NaN codes (0x7F/0xFF): the only bytes whose low seven bits
+// are all set (finite and infinite values saturate to at most 0x7E); those vectors take the exact path as before.
+// tests/test_quant_fast_path.cpp runs this decision on the host against x / s: every boundary and its neighbours,
+// every float over the E4M3 range of three scales, random bits. There one value in 10^5 declined (an E4M3 boundary
+// within 2^-20 of x/s): a vector about once in 10^4, at the cost of eight divisions.
+template <bool kExact>
+__device__ __forceinline__ bool quantize8_fast(const float (&v)[8], ReciprocalBounds r, uint2& codes) {
+  const uint32_t lo0 = e4m3x4(v[0] * r.lo, v[1] * r.lo, v[2] * r.lo, v[3] * r.lo);
+  const uint32_t lo1 = e4m3x4(v[4] * r.lo, v[5] * r.lo, v[6] * r.lo, v[7] * r.lo);
+  uint32_t differ = 0;
+  if constexpr (!kExact) {
+    const uint32_t hi0 = e4m3x4(v[0] * r.hi, v[1] * r.hi, v[2] * r.hi, v[3] * r.hi);
+    const uint32_t hi1 = e4m3x4(v[4] * r.hi, v[5] * r.hi, v[6] * r.hi, v[7] * r.hi);
+    differ = (lo0 ^ hi0) | (lo1 ^ hi1);
   }
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-    const int64_t vec = first + static_cast<int64_t>(u) * blockDim.x;
-    // Threads past the end still join the shuffles (whole groups are never split: blockDim is a multiple of kLanes).
+  // Adding 1 to each byte's low seven bits carries into its bit 7 exactly when they were all set (a NaN code).
+  const uint32_t nan = (((lo0 & 0x7F7F7F7Fu) + 0x01010101u) | ((lo1 & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
+  codes = make_uint2(lo0, lo1);
+  return (differ | nan) == 0;
+}
+
+// The codes of eight values for scale s (bounds r of 1/s): the fast path, or the exact division when it declines.
+template <bool kExact>
+__device__ __forceinline__ uint2 quantize8_by_reciprocal(const float (&v)[8], float s, ReciprocalBounds r) {
+  uint2 codes;
+  if (!quantize8_fast<kExact>(v, r, codes)) codes = quantize8(v, s);
+  return codes;
+}
+
+// Dynamic per-(row, group) scales, kPow2: rounded up to powers of two. Grid-stride over chunks of 2·blockDim
+// vectors (a resident grid: the host sizes it to fill the GPU once). In a chunk, a group of G elements (G/8
+// vectors) belongs to kLanes = G/16 consecutive lanes; lane j holds the group's vectors j and j + kLanes, so each of
+// a warp's two loads covers whole 32-byte sectors. Both loads are issued before the first use.
+// NOTE: a single 16-byte load per thread left group-128 at 75% of the copy bandwidth; 4 vectors per thread (32
+// floats held) measured 0.70.
+template <typename T, int kGroup, bool kPow2>
+__global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel(const T* __restrict__ x,
+                                                                                 uint8_t* __restrict__ x_q,
+                                                                                 float* __restrict__ x_scale,
+                                                                                 int num_vectors) {
+  static_assert(kGroup == 32 || kGroup == 64 || kGroup == 128, "kGroup: 32, 64 or 128");
+  constexpr int kLanes = kGroup / 16;
+  const int lane_in_group = threadIdx.x % kLanes;
+  const int offset = (threadIdx.x / kLanes) * (2 * kLanes) + lane_in_group;  // vector 0's place in a chunk
+  const int chunk = 2 * blockDim.x;
+  // NOTE: 32-bit indices (the host splits larger tensors): 64-bit ones took the registers past 32 (8 blocks/SM).
+  for (int base = blockIdx.x * chunk; base < num_vectors; base += gridDim.x * chunk) {
+    const int vec0 = base + offset, vec1 = vec0 + kLanes;
+    // K % G == 0, so a group lies wholly before or wholly past the end; every lane still joins the shuffles.
+    const bool valid = vec0 < num_vectors;
+    Vec8<T> in[2];
+    if (valid) {
+      in[0].load_streaming(x + static_cast<int64_t>(vec0) * 8);
+      in[1].load_streaming(x + static_cast<int64_t>(vec1) * 8);
+    } else {
+      in[0].zero();
+      in[1].zero();
+    }
+    float v[2][8];
+    in[0].to_float(v[0]);
+    in[1].to_float(v[1]);
+    // The group's maximum magnitude: the lane's 16 values, then across the group's lanes.
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[u][i]));
+    for (int u = 0; u < 2; ++u)
 #pragma unroll
-    for (int offset = kLanes / 2; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-    float s = fmaxf(amax, kMinAmax) / kE4M3MaxF;
-    if (pow2) s = pow2_ceil_device(s);
-    if (vec < num_vectors) {
-      reinterpret_cast<uint2*>(x_q)[vec] = quantize8(v[u], s);
-      if (threadIdx.x % kLanes == 0) x_scale[vec / kLanes] = s;
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[u][i]));
+#pragma unroll
+    for (int lanes = kLanes / 2; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lanes));
+    if (valid) {
+      const float s = dynamic_scale(amax, kPow2);
+      const ReciprocalBounds r = reciprocal_bounds<kPow2>(s);
+      reinterpret_cast<uint2*>(x_q)[vec0] = quantize8_by_reciprocal<kPow2>(v[0], s, r);
+      reinterpret_cast<uint2*>(x_q)[vec1] = quantize8_by_reciprocal<kPow2>(v[1], s, r);
+      if (lane_in_group == 0) x_scale[vec0 / (kGroup / 8)] = s;
     }
   }
 }
 
-// Dynamic per-row scale: one block per row, two passes over the row (the second hits L1/L2).
-template <typename T>
-__global__ void quant_per_token_kernel(const T* __restrict__ x, uint8_t* __restrict__ x_q, float* __restrict__ x_scale,
-                                       int k, bool pow2) {
+// Dynamic per-row scale, one pass. A row belongs to threads_per_row threads: a power of two up to 32 (several rows
+// per block, reduced with shuffles) or the whole block (a multiple of 32; shuffles, then shared memory). Lane j
+// holds the row's vectors j, j + threads_per_row, ... (at most kTokenVecs), loaded before the first use, so a row
+// costs one trip to memory; the host launches this for K ≤ 8·kTokenVecs·kTokenMaxThreads.
+template <typename T, bool kPow2>
+__global__ void __launch_bounds__(kTokenMaxThreads) quant_per_token_kernel(const T* __restrict__ x,
+                                                                           uint8_t* __restrict__ x_q,
+                                                                           float* __restrict__ x_scale, int64_t m,
+                                                                           int k, int threads_per_row) {
+  const int vecs = k / 8;
+  const int lane = threadIdx.x % threads_per_row;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / threads_per_row) + threadIdx.x / threads_per_row;
+  const bool row_valid = row < m;
+  const T* xr = x + row * k;
+  Vec8<T> in[kTokenVecs];
+#pragma unroll
+  for (int j = 0; j < kTokenVecs; ++j) {
+    const int i = lane + j * threads_per_row;
+    if (row_valid && i < vecs) in[j].load_streaming(xr + i * 8);
+    else in[j].zero();  // zeros leave the maximum as it is
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kTokenVecs; ++j) amax = in[j].max_abs(amax);
+  // The row's maximum: within the warp, then (a row per block) across the block's warps.
+  for (int lanes = min(threads_per_row, 32) / 2; lanes > 0; lanes /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lanes));
+  if (threads_per_row > 32) {
+    __shared__ float warp_max[kTokenMaxThreads / 32];
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = warp_max[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, warp_max[w]);
+  }
+  if (!row_valid) return;
+  const float s = dynamic_scale(amax, kPow2);
+  const ReciprocalBounds r = reciprocal_bounds<kPow2>(s);
+  uint8_t* qr = x_q + row * k;
+#pragma unroll
+  for (int j = 0; j < kTokenVecs; ++j) {
+    const int i = lane + j * threads_per_row;
+    if (i < vecs) {
+      float v[8];
+      in[j].to_float(v);
+      reinterpret_cast<uint2*>(qr)[i] = quantize8_by_reciprocal<kPow2>(v, s, r);
+    }
+  }
+  if (lane == 0) x_scale[row] = s;
+}
+
+// Dynamic per-row scale for rows too long to hold (K > 8·kTokenVecs·kTokenMaxThreads): one block per row, two
+// passes over the row (the second mostly from L2).
+template <typename T, bool kPow2>
+__global__ void quant_per_token_two_pass_kernel(const T* __restrict__ x, uint8_t* __restrict__ x_q,
+                                                float* __restrict__ x_scale, int k) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * k;
   const int vecs = k / 8;
   float amax = 0.0f;
   for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
     Vec8<T> in;
-    in.load(xr + i * 8);
+    in.load_streaming(xr + i * 8);
     float v[8];
     in.to_float(v);
 #pragma unroll
@@ -134,35 +328,45 @@ __global__ void quant_per_token_kernel(const T* __restrict__ x, uint8_t* __restr
   }
   __shared__ float warp_max[32];
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  for (int lanes = 16; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lanes));
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
   __syncthreads();
   amax = 0.0f;
   for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, warp_max[w]);
-  float s = fmaxf(amax, kMinAmax) / kE4M3MaxF;
-  if (pow2) s = pow2_ceil_device(s);
+  const float s = dynamic_scale(amax, kPow2);
+  const ReciprocalBounds r = reciprocal_bounds<kPow2>(s);
   for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
     Vec8<T> in;
     in.load(xr + i * 8);
     float v[8];
     in.to_float(v);
-    reinterpret_cast<uint2*>(x_q + row * k)[i] = quantize8(v, s);
+    reinterpret_cast<uint2*>(x_q + row * k)[i] = quantize8_by_reciprocal<kPow2>(v, s, r);
   }
   if (threadIdx.x == 0) x_scale[row] = s;
 }
 
-// Static per-tensor scale from the checkpoint (a device scalar): q = sat(x / s).
+// Static per-tensor scale from the checkpoint (a device scalar): q = sat(x / s). Grid-stride (a resident grid)
+// over chunks of 2·blockDim vectors, two per thread, blockDim apart, both loaded before the first use.
 template <typename T>
-__global__ void quant_static_kernel(const T* __restrict__ x, uint8_t* __restrict__ x_q, const float* __restrict__ scale,
-                                    int64_t num_vectors) {
+__global__ void __launch_bounds__(kQuantThreads, 8) quant_static_kernel(const T* __restrict__ x,
+                                                                        uint8_t* __restrict__ x_q,
+                                                                        const float* __restrict__ scale,
+                                                                        int num_vectors) {
   const float s = *scale;
-  for (int64_t vec = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; vec < num_vectors;
-       vec += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Vec8<T> in;
-    in.load(x + vec * 8);
-    float v[8];
-    in.to_float(v);
-    reinterpret_cast<uint2*>(x_q)[vec] = quantize8(v, s);
+  const ReciprocalBounds r = reciprocal_bounds<false>(s);
+  const int chunk = 2 * blockDim.x;
+  for (int vec0 = blockIdx.x * chunk + threadIdx.x; vec0 < num_vectors; vec0 += gridDim.x * chunk) {
+    const int vec1 = vec0 + blockDim.x;
+    const bool second = vec1 < num_vectors;
+    Vec8<T> in[2];
+    in[0].load_streaming(x + static_cast<int64_t>(vec0) * 8);
+    if (second) in[1].load_streaming(x + static_cast<int64_t>(vec1) * 8);
+    else in[1].zero();
+    float v[2][8];
+    in[0].to_float(v[0]);
+    in[1].to_float(v[1]);
+    reinterpret_cast<uint2*>(x_q)[vec0] = quantize8_by_reciprocal<false>(v[0], s, r);
+    if (second) reinterpret_cast<uint2*>(x_q)[vec1] = quantize8_by_reciprocal<false>(v[1], s, r);
   }
 }
 

@@ -1,3 +1,9 @@
+// Host side of src/cuda/kernels/quant_activations.cuh: kernel choice, grids, launches.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
 #include "cuda/kernels/quant_activations.cuh"
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/quant_activations.hpp"
@@ -5,35 +11,123 @@
 namespace finegemm::cuda {
 namespace {
 
+int num_sms() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  int sms = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    FG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (device < kMaxDevices) cache[device].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
+}
+
+// Blocks of kQuantThreads threads that fill the GPU once (the grid of the grid-stride kernels), never more than
+// the work needs. Occupancy is a property of the kernel (one architecture is built), so it is asked once.
+template <auto kKernel>
+unsigned resident_grid(int64_t blocks_needed) {
+  static const int blocks_per_sm = [] {
+    int n = 0;
+    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kQuantThreads, 0));
+    return std::max(n, 1);
+  }();
+  const int64_t resident = int64_t{num_sms()} * blocks_per_sm;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks_needed, resident)));
+}
+
+// The group and static kernels index vectors with 32 bits: larger tensors go in slices of kMaxSliceVectors (a
+// multiple of every group's vector count, so slices hold whole groups).
+inline constexpr int64_t kMaxSliceVectors = int64_t{1} << 30;
+
+template <typename T, int kGroup, bool kPow2>
+void launch_group(const T* x, int64_t num_vectors, uint8_t* x_q, float* x_scale, cudaStream_t stream) {
+  constexpr auto kernel = quant_per_token_group_kernel<T, kGroup, kPow2>;
+  for (int64_t first = 0; first < num_vectors; first += kMaxSliceVectors) {
+    const int n = static_cast<int>(std::min(num_vectors - first, kMaxSliceVectors));
+    const unsigned grid = resident_grid<kernel>((n + 2 * kQuantThreads - 1) / (2 * kQuantThreads));
+    kernel<<<grid, kQuantThreads, 0, stream>>>(x + first * 8, x_q + first * 8, x_scale + first / (kGroup / 8), n);
+  }
+}
+
+// The per-token kernel's shape: threads per row enough for kTokenVecs vectors each, a power of two up to a warp
+// (rows share a block of kQuantThreads) or a multiple of 32 (a row per block); two_pass past what registers hold.
+// K = 7168: 224 threads, 4 vectors each, 4096 blocks at M = 4096. FINEGEMM_PRINT_CONFIG=1 prints the choice.
+struct TokenLaunch {
+  bool two_pass = false;
+  int threads_per_row = 0, threads = 0;
+  unsigned grid = 0;
+};
+TokenLaunch choose_token_launch(int64_t m, int64_t k) {
+  TokenLaunch c;
+  const int64_t vecs = k / 8;
+  if (vecs > int64_t{kTokenVecs} * kTokenMaxThreads) {
+    c.two_pass = true;
+    c.threads = c.threads_per_row = 512;
+  } else {
+    c.threads_per_row = static_cast<int>((vecs + kTokenVecs - 1) / kTokenVecs);
+    if (c.threads_per_row <= 32) {
+      int pow2 = 1;
+      while (pow2 < c.threads_per_row) pow2 *= 2;
+      c.threads_per_row = pow2;
+      c.threads = kQuantThreads;
+    } else {
+      c.threads_per_row = (c.threads_per_row + 31) / 32 * 32;
+      c.threads = c.threads_per_row;
+    }
+  }
+  const int64_t rows_per_block = c.threads / c.threads_per_row;
+  c.grid = static_cast<unsigned>((m + rows_per_block - 1) / rows_per_block);
+  if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
+    std::fprintf(stderr, "finegemm: quantize per token M=%lld K=%lld -> %s threads_per_row=%d block=%d grid=%u\n",
+                 static_cast<long long>(m), static_cast<long long>(k), c.two_pass ? "two-pass" : "one-pass",
+                 c.threads_per_row, c.threads, c.grid);
+  return c;
+}
+
+template <typename T, bool kPow2>
+void launch_token(const T* x, int64_t m, int64_t k, uint8_t* x_q, float* x_scale, cudaStream_t stream) {
+  const TokenLaunch c = choose_token_launch(m, k);
+  if (c.two_pass)
+    quant_per_token_two_pass_kernel<T, kPow2><<<c.grid, c.threads, 0, stream>>>(x, x_q, x_scale, static_cast<int>(k));
+  else
+    quant_per_token_kernel<T, kPow2><<<c.grid, c.threads, 0, stream>>>(x, x_q, x_scale, m, static_cast<int>(k),
+                                                                        c.threads_per_row);
+}
+
+template <typename T, bool kPow2>
+void launch_group_size(const T* x, int64_t num_vectors, int group_size, uint8_t* x_q, float* x_scale,
+                       cudaStream_t stream) {
+  switch (group_size) {
+    case 32: return launch_group<T, 32, kPow2>(x, num_vectors, x_q, x_scale, stream);
+    case 64: return launch_group<T, 64, kPow2>(x, num_vectors, x_q, x_scale, stream);
+    case 128: return launch_group<T, 128, kPow2>(x, num_vectors, x_q, x_scale, stream);
+    default: throw Error("activation.group_size: expected 32, 64 or 128, got " + std::to_string(group_size));
+  }
+}
+
 template <typename T>
 void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& recipe, uint8_t* x_q, float* x_scale,
                   cudaStream_t stream) {
   const int64_t num_vectors = m * k / 8;
   if (num_vectors == 0) return;
-  constexpr int kThreads = 256;
-  const auto blocks = static_cast<unsigned>((num_vectors + kThreads - 1) / kThreads);
-  constexpr int kVecs = 2;  // vectors per thread in the group kernel
-  const auto group_blocks = static_cast<unsigned>((num_vectors + kThreads * kVecs - 1) / (kThreads * kVecs));
   switch (recipe.granularity) {
     case ActGranularity::PerTokenGroup:
-      if (recipe.group_size == 128)
-        quant_per_token_group_kernel<T, 128, kVecs><<<group_blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
-                                                                                           recipe.pow2_scale);
-      else if (recipe.group_size == 32)
-        quant_per_token_group_kernel<T, 32, kVecs><<<group_blocks, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors,
-                                                                                          recipe.pow2_scale);
-      else
-        throw Error("activation.group_size: expected 32 or 128, got " + std::to_string(recipe.group_size));
+      if (recipe.pow2_scale) launch_group_size<T, true>(x, num_vectors, recipe.group_size, x_q, x_scale, stream);
+      else launch_group_size<T, false>(x, num_vectors, recipe.group_size, x_q, x_scale, stream);
       break;
-    case ActGranularity::PerToken: {
-      const int threads = k >= 4096 ? 512 : 128;
-      quant_per_token_kernel<T><<<static_cast<unsigned>(m), threads, 0, stream>>>(x, x_q, x_scale, static_cast<int>(k),
-                                                                                  recipe.pow2_scale);
+    case ActGranularity::PerToken:
+      if (recipe.pow2_scale) launch_token<T, true>(x, m, k, x_q, x_scale, stream);
+      else launch_token<T, false>(x, m, k, x_q, x_scale, stream);
       break;
-    }
     case ActGranularity::StaticPerTensor: {
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, 132 * 16));
-      quant_static_kernel<T><<<grid, kThreads, 0, stream>>>(x, x_q, x_scale, num_vectors);
+      constexpr auto kernel = quant_static_kernel<T>;
+      for (int64_t first = 0; first < num_vectors; first += kMaxSliceVectors) {
+        const int n = static_cast<int>(std::min(num_vectors - first, kMaxSliceVectors));
+        const unsigned grid = resident_grid<kernel>((n + 2 * kQuantThreads - 1) / (2 * kQuantThreads));
+        kernel<<<grid, kQuantThreads, 0, stream>>>(x + first * 8, x_q + first * 8, x_scale, n);
+      }
       break;
     }
   }
@@ -46,6 +140,9 @@ void launch_quantize_activations(const void* x, DType x_dtype, int64_t m, int64_
                                  uint8_t* x_q, float* x_scale, cudaStream_t stream) {
   if (k % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(x_q) % 8 != 0)
     throw Error("x: the CUDA quantizer expects K % 8 == 0 and 16-byte aligned rows, got K=" + std::to_string(k));
+  if (recipe.granularity == ActGranularity::PerTokenGroup && recipe.group_size > 0 && k % recipe.group_size != 0)
+    throw Error("x: expected K divisible by the activation group size " + std::to_string(recipe.group_size) +
+                ", got K=" + std::to_string(k));
   switch (x_dtype) {
     case DType::F32: return launch_typed(static_cast<const float*>(x), m, k, recipe, x_q, x_scale, stream);
     case DType::BF16: return launch_typed(static_cast<const __nv_bfloat16*>(x), m, k, recipe, x_q, x_scale, stream);
