@@ -148,15 +148,24 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
     if (word_scales) {
       int e[2][4], hi[2];
       bool ok = may_fold;
+      // Every block but the K tail's has its four groups inside K: no per-group masks there (the preparer shares a
+      // scheduler with four consumer warps, so its instructions count).
+      const bool whole = valid >= 4;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t w = words[q * kFp4DecodeRows + lane + 32 * h];
-        int lo = 255;
-        hi[h] = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          e[h][j] = static_cast<int>((w >> (8 * j)) & 0xFFu);
-          if (j < valid) hi[h] = max(hi[h], e[h][j]), lo = min(lo, e[h][j]);
+        for (int j = 0; j < 4; ++j) e[h][j] = static_cast<int>((w >> (8 * j)) & 0xFFu);
+        int lo;
+        if (whole) {
+          hi[h] = max(max(e[h][0], e[h][1]), max(e[h][2], e[h][3]));
+          lo = min(min(e[h][0], e[h][1]), min(e[h][2], e[h][3]));
+        } else {
+          lo = 255;
+          hi[h] = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (j < valid) hi[h] = max(hi[h], e[h][j]), lo = min(lo, e[h][j]);
         }
         ok = ok && hi[h] - lo <= 8;
       }
@@ -166,7 +175,7 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
         const int row = lane + 32 * h;
         if (vote) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) tab[j * kFp4DecodeRows + row] = fold_tab[j < valid ? hi[h] - e[h][j] : 0];
+          for (int j = 0; j < 4; ++j) tab[j * kFp4DecodeRows + row] = fold_tab[whole || j < valid ? hi[h] - e[h][j] : 0];
           row_scale[q * kFp4DecodeRows + row] = ue8m0_bits_to_float(static_cast<uint32_t>(hi[h]));
         } else {
 #pragma unroll
