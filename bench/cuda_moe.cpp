@@ -25,6 +25,7 @@
 #include "core/device_buffer.hpp"
 #include "core/formats.hpp"
 #include "cuda/runtime/gemm_args.hpp"
+#include "cuda/runtime/moe.hpp"
 #include "cuda/runtime/moe_routing.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 #include "finegemm/finegemm.hpp"
@@ -65,6 +66,8 @@ bool parse_variant(const std::string& v, Variant* out) {
     *out = {"block-fp32-static", WeightRecipe::block(), ActivationRecipe::static_per_tensor()};
   else if (v == "ue8m0" || v == "block-ue8m0-dynamic")
     *out = {"block-ue8m0-dynamic", WeightRecipe::block(128, 128, ScaleFormat::UE8M0), ActivationRecipe::per_token_group(128, true)};
+  else if (v == "fp4" || v == "mxfp4-ue8m0-dynamic")  // DeepSeek-V4-style FP4 experts (the E4M3 bytes read as E2M1 pairs)
+    *out = {"mxfp4-ue8m0-dynamic", WeightRecipe::mxfp4(ScaleFormat::UE8M0), ActivationRecipe::per_token_group(128, true)};
   else
     return false;
   return true;
@@ -207,14 +210,15 @@ struct VariantData {
 struct Steps {
   int64_t tokens = 0, hidden = 0, inter = 0, rows = 0;
   int top_k = 0, experts = 0;
-  bool dynamic = true, y_f32 = true;
+  bool dynamic = true, y_f32 = true, fp4 = false;
   DeviceBuffer offsets, row_token, row_expert, row_weight, slot_row, error_count, route_ws, x_q, x_scale, h_q, h_scale, y;
   cuda::MoeRouting routing;
 
   Steps(const MoeArgs& a) {
     tokens = a.hidden.shape[0];
     hidden = a.hidden.shape[1];
-    inter = a.down.shape[2];
+    fp4 = a.weight_recipe.element == ElementType::FP4_E2M1;
+    inter = a.down.shape[2] * (fp4 ? 2 : 1);
     top_k = static_cast<int>(a.top_k_index.shape[1]);
     experts = static_cast<int>(a.gate_up.shape[0]);
     rows = tokens * top_k;
@@ -263,6 +267,26 @@ struct Steps {
     cuda::launch_moe_permute_quantize(a.hidden.data, a.hidden.dtype, tokens, hidden, top_k, routing, act, gate_up_static,
                                       static_cast<uint8_t*>(x_q.data()), static_cast<float*>(x_scale.data()), stream);
     if (ev) CHECK_CUDA(cudaEventRecord(ev[2], stream));
+    if (cuda::moe_decode_path(a, rows) || fp4) {
+      // The decode path, and FP4 experts (moe.cu): both GEMMs and what runs between them as one step ("gate_up_us";
+      // down 0). The replica below is of the FP8 grouped path only.
+      cuda::PermutedRows in;
+      in.x_q = static_cast<const uint8_t*>(x_q.data());
+      in.x_scale = static_cast<const float*>(x_scale.data());
+      in.row_weight = routing.row_weight;
+      in.expert_offsets = routing.expert_offsets;
+      in.rows = rows;
+      in.num_experts = experts;
+      in.gate_up_act_scale = gate_up_static;
+      in.down_act_scale = down_static;
+      cuda::moe_expert_gemms(a, in, y.data(), y_f32, stream);
+      if (ev) CHECK_CUDA(cudaEventRecord(ev[3], stream));
+      if (ev) CHECK_CUDA(cudaEventRecord(ev[4], stream));
+      cuda::launch_moe_combine(y.data(), y_f32 ? DType::F32 : DType::BF16, routing, tokens, top_k, hidden, a.out.data,
+                               a.out.dtype, stream);
+      if (ev) CHECK_CUDA(cudaEventRecord(ev[5], stream));
+      return;
+    }
     cuda::GroupedLayout layout;
     layout.offsets = routing.expert_offsets;
     layout.num_groups = experts;
@@ -331,7 +355,10 @@ Check check_tokens(const LayerData& ld, const Variant& var, const VariantData& v
     if (static_cast<int>(sampled.size()) < samples && std::find(sampled.begin(), sampled.end(), t) == sampled.end())
       sampled.push_back(t);
   const int64_t items = static_cast<int64_t>(sampled.size()) * k;
-  const size_t gu_bytes = static_cast<size_t>(2 * I * H), dn_bytes = static_cast<size_t>(H * I);
+  // FP4 experts: the same device bytes, read as packed E2M1 [rows, K/2].
+  const bool fp4 = var.weight.element == ElementType::FP4_E2M1;
+  const DType w_dtype = fp4 ? DType::U8 : DType::F8_E4M3;
+  const size_t gu_bytes = static_cast<size_t>(2 * I * H) / (fp4 ? 2 : 1), dn_bytes = static_cast<size_t>(H * I) / (fp4 ? 2 : 1);
   const size_t scale_elem = var.weight.scale_format == ScaleFormat::FP32 ? 4 : 1;
   std::vector<std::vector<uint8_t>> gu(items), dn(items);
   std::vector<std::vector<uint16_t>> x(sampled.size(), std::vector<uint16_t>(static_cast<size_t>(H)));
@@ -362,10 +389,10 @@ Check check_tokens(const LayerData& ld, const Variant& var, const VariantData& v
     a.hidden = TensorView::of(x[s].data(), DType::BF16, {1, H});
     a.top_k_index = TensorView::of(&idx, DType::I32, {1, 1});
     a.top_k_weights = TensorView::of(&w, DType::F32, {1, 1});
-    a.gate_up = TensorView::of(gu[item].data(), DType::F8_E4M3, {1, 2 * I, H});
+    a.gate_up = TensorView::of(gu[item].data(), w_dtype, {1, 2 * I, fp4 ? H / 2 : H});
     a.gate_up_scale = TensorView::of(vd.gate_up_scale.data() + e * vd.gate_up_scale_per_expert * scale_elem, scale_dtype,
                                      {1, gu_scale_shape[0], gu_scale_shape[1]});
-    a.down = TensorView::of(dn[item].data(), DType::F8_E4M3, {1, H, I});
+    a.down = TensorView::of(dn[item].data(), w_dtype, {1, H, fp4 ? I / 2 : I});
     a.down_scale = TensorView::of(vd.down_scale.data() + e * vd.down_scale_per_expert * scale_elem, scale_dtype,
                                   {1, dn_scale_shape[0], dn_scale_shape[1]});
     a.weight_recipe = var.weight;
@@ -426,7 +453,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_cuda_moe [--layers deepseek-v3,qwen3-30b-a3b] [--tokens 1,16,...] "
-                   "[--recipes dynamic,static,ue8m0] [--check-tokens 4] [--iter-scale 1] [--tolerance 1e-2] "
+                   "[--recipes dynamic,static,ue8m0,fp4] [--check-tokens 4] [--iter-scale 1] [--tolerance 1e-2] "
                    "[--default-pool]\n");
       return 2;
     }
@@ -435,7 +462,7 @@ int main(int argc, char** argv) {
   for (const auto& v : variant_names) {
     Variant var;
     if (!parse_variant(v, &var)) {
-      std::fprintf(stderr, "--recipes: unknown recipe '%s' (expected dynamic, static or ue8m0)\n", v.c_str());
+      std::fprintf(stderr, "--recipes: unknown recipe '%s' (expected dynamic, static, ue8m0 or fp4)\n", v.c_str());
       return 2;
     }
     variants.push_back(var);
@@ -491,7 +518,8 @@ int main(int argc, char** argv) {
         vd.gate_up_static_dev = to_device(TensorView::of(vd.gate_up_static.data(), DType::F32, {L.experts}), kGpu);
         vd.down_static_dev = to_device(TensorView::of(vd.down_static.data(), DType::F32, {L.experts}), kGpu);
       }
-      const double expert_bytes = static_cast<double>(3 * I * H) +
+      const bool fp4 = var.weight.element == ElementType::FP4_E2M1;
+      const double expert_bytes = static_cast<double>(3 * I * H) / (fp4 ? 2 : 1) +
                                   static_cast<double>(vd.gate_up_scale_per_expert + vd.down_scale_per_expert) *
                                       (var.weight.scale_format == ScaleFormat::FP32 ? 4 : 1);
 
@@ -514,9 +542,10 @@ int main(int argc, char** argv) {
 
         MoeArgs args;
         args.hidden = TensorView::of(ld.hidden.data(), DType::BF16, {T, H}, kGpu);
-        args.gate_up = TensorView::of(ld.gate_up.data(), DType::F8_E4M3, {L.experts, 2 * I, H}, kGpu);
+        args.gate_up = TensorView::of(ld.gate_up.data(), fp4 ? DType::U8 : DType::F8_E4M3,
+                                      {L.experts, 2 * I, fp4 ? H / 2 : H}, kGpu);
         args.gate_up_scale = vd.gate_up_scale_dev.view;
-        args.down = TensorView::of(ld.down.data(), DType::F8_E4M3, {L.experts, H, I}, kGpu);
+        args.down = TensorView::of(ld.down.data(), fp4 ? DType::U8 : DType::F8_E4M3, {L.experts, H, fp4 ? I / 2 : I}, kGpu);
         args.down_scale = vd.down_scale_dev.view;
         args.weight_recipe = var.weight;
         args.activation_recipe = var.activation;
@@ -621,11 +650,12 @@ int main(int argc, char** argv) {
                     "\"steps_match_layer\": %s, \"layer_us\": %.3f, \"layer_us_graph\": %.3f, \"route_us\": %.3f, "
                     "\"permute_us\": %.3f, \"gate_up_us\": %.3f, \"down_us\": %.3f, \"combine_us\": %.3f, "
                     "\"steps_us\": %.3f, \"gemm_tflops\": %.1f, \"experts_touched\": %.2f, \"weight_bytes\": %.0f, "
-                    "\"weight_tbps\": %.3f, \"iters\": %d, \"routings\": %d}\n",
+                    "\"weight_tbps\": %.3f, \"iters\": %d, \"routings\": %d, \"path\": \"%s\"}\n",
                     L.name.c_str(), var.name.c_str(), (long long)T, (long long)H, (long long)I, L.experts, L.top_k,
                     (long long)rows, json_num(chk.rel).c_str(), samples, steps_match ? "true" : "false", median(layer_t), us_graph,
                     step_us[0], step_us[1], step_us[2], step_us[3], step_us[4], steps_sum, flops / gemm_us / 1e6,
-                    distinct_mean, touched_bytes, touched_bytes / gemm_us / 1e6, iters, num_routings);
+                    distinct_mean, touched_bytes, touched_bytes / gemm_us / 1e6, iters, num_routings,
+                    cuda::moe_decode_path(args, rows) ? "decode" : "grouped");
         std::fflush(stdout);
       }
     }

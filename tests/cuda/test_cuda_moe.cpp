@@ -201,7 +201,103 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
   }
 }
 
+// Sets an environment variable for a scope ("" leaves it unset).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (*value) setenv(name, value, 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// The decode path (moe_decode.cuh + the decode kernel over the experts with rows): every recipe it serves, with its
+// split-K as the heuristic picks it and forced to 1 and 3, against the reference. T = 1 (down has 2048 of K: the
+// heuristic splits it), 5 (20 rows over 8 experts: chunks of 8 rows for the fullest) and 24 (forced: 96 rows, more
+// than the default's 4 per expert). Every FP4 recipe and the FP8 block recipes whose activation scales hold over
+// 128 of K must take it.
+TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
+  const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
+                              {MoeActivation::SwiGLU, 7.0f, false, true},
+                              {MoeActivation::SwiGLUOai, 7.0f, true, true},
+                              {MoeActivation::Silu, 0.0f, false, false},
+                              {MoeActivation::Relu2, 0.0f, false, true}};
+  const ScopedEnv decode("FINEGEMM_MOE_DECODE", "1");
+  auto recipes = all_recipes();
+  // Per-token activations with block and MX weights: valid pairs that only the decode path serves on the GPU (the
+  // intermediate's per-row scale, one block per row).
+  for (const auto& [w, a] : {std::pair{WeightRecipe::block(128, 128, ScaleFormat::FP32), ActivationRecipe::per_token()},
+                             std::pair{WeightRecipe::mxfp4(ScaleFormat::UE8M0), ActivationRecipe::per_token(true)}})
+    recipes.push_back({w.name() + " x " + a.name(), w, a});
+  int served = 0;
+  for (size_t r = 0; r < recipes.size(); ++r) {
+    const auto& recipe = recipes[r];
+    const bool fp4 = recipe.weight.element == ElementType::FP4_E2M1;
+    const bool want = fp4 || (recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_k % 128 == 0 &&
+                              recipe.weight.block_n % 64 == 0 &&
+                              !(recipe.activation.granularity == ActGranularity::PerTokenGroup &&
+                                recipe.activation.group_size % 128 != 0));
+    for (int64_t tokens : {1, 5, 24}) {
+      const Variant& v = variants[(r + static_cast<size_t>(tokens)) % 5];
+      const MoeProblem problem = small_problem(tokens, v);
+      const auto masters = tools::make_moe_masters(rng(), problem);
+      auto data = tools::make_moe(rng(), recipe, problem, masters);
+      HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
+      const bool taken = cuda::moe_decode_path(data.args(probe.view), tokens * problem.top_k);
+      EXPECT_EQ(taken, want) << recipe.name;
+      if (!taken) continue;
+      ++served;
+      for (const char* split : {"", "1", "3"}) {
+        const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+        const auto cmp = run_and_compare(data);
+        EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " T=" << tokens << " split=" << split << " " << problem.variant()
+                                  << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
+      }
+    }
+  }
+  EXPECT_GE(served, 3 * 13) << "the decode path served fewer recipes than expected";
+}
+
+// The decode path when one expert takes far more rows than its token tiles hold: every token's first slot goes to
+// expert 5, so that expert runs 24 rows in chunks of 8 (the others hold one or two rows); with and without a
+// split.
+TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
+  const ScopedEnv decode("FINEGEMM_MOE_DECODE", "1");
+  for (const auto& recipe : {all_recipes()[0], all_recipes()[5]}) {
+    MoeProblem problem;
+    problem.tokens = 24;
+    problem.hidden = 512;
+    problem.inter = 1024;
+    problem.experts = 64;
+    problem.top_k = 2;
+    const auto masters = tools::make_moe_masters(rng(), problem);
+    auto data = tools::make_moe(rng(), recipe, problem, masters);
+    tools::make_moe_inputs(rng(), data, true);
+    auto* idx = data.top_k_index.ptr<int32_t>();
+    ASSERT_EQ(data.top_k_index.view.dtype, DType::I32);
+    for (int64_t t = 0; t < problem.tokens; ++t) {
+      idx[t * 2] = 5;
+      idx[t * 2 + 1] = static_cast<int32_t>(6 + (t * 7) % 58);
+    }
+    HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
+    if (!cuda::moe_decode_path(data.args(probe.view), problem.tokens * problem.top_k)) continue;
+    for (const char* split : {"", "1", "3"}) {
+      const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+      const auto cmp = run_and_compare(data);
+      EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " split=" << split << " rel=" << cmp.rel
+                                << " non-finite=" << cmp.non_finite;
+    }
+  }
+}
+
 TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {
+  // The general path (512 rows over 16 experts) and the decode path (forced).
+  for (const char* decode_env : {"", "1"}) {
+  const ScopedEnv decode("FINEGEMM_MOE_DECODE", decode_env);
   MoeProblem problem;
   problem.tokens = 64;
   problem.hidden = 512;
@@ -240,6 +336,7 @@ TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+  }
 }
 
 }  // namespace

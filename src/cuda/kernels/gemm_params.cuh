@@ -86,4 +86,16 @@ struct GemmParams {
   float* workspace = nullptr;
 };
 
+// The decode kernel (sm90_fp4_decode.cuh) over groups (MoE experts at decode sizes): one CTA per (slot, 64-row weight
+// tile, K split); slot s < *list_count takes expert list[s] (moe_active_experts_kernel lists the experts with rows),
+// the CTAs of the other slots exit. The expert's rows are [offsets[e], offsets[e+1]) of A and of the output; its
+// weights are rows [e·n, (e+1)·n) of B. slots == 0: no groups (a dense linear, rows [0, m)).
+struct DecodeGroups {
+  const int32_t* list = nullptr;
+  const int32_t* list_count = nullptr;
+  const int32_t* offsets = nullptr;
+  int slots = 0;
+  int num_groups = 1;  // host side: B holds num_groups · n rows
+};
+
 }  // namespace finegemm::cuda

@@ -7,6 +7,10 @@ namespace finegemm::cuda {
 
 __device__ __forceinline__ float moe_sigmoid(float v) { return 1.0f / (1.0f + __expf(-v)); }
 
+// Where a row's gate and up columns lie in the gate_up output: halves (i, I + i), interleaved (2i, 2i + 1), or no
+// gate (i).
+enum class MoeGateLayout : int { Halves = 0, Interleaved = 1, NoGate = 2 };
+
 // act_kind: the MoeActivation numbering (0 SwiGLU, 1 SwiGLUOai, 2 Silu, 3 Gelu, 4 Relu2).
 __device__ __forceinline__ float moe_gated_act(int act_kind, float limit, float alpha, float gate, float up) {
   if (limit > 0.0f) {

@@ -11,7 +11,6 @@ namespace finegemm::cuda {
 // Per-token path: h[r, i] = act(y[r, gate(i)], y[r, up(i)]) from the gate_up GEMM's output y [rows, ld] (F32, bias
 // and scales applied); gate/up columns: halves (i, I + i), interleaved (2i, 2i + 1), or no gate (i).
 // Rows at or past *routed_rows (the device-side count of routed rows) get zeros: their y was never written.
-enum class MoeGateLayout : int { Halves = 0, Interleaved = 1, NoGate = 2 };
 // NOTE: a plain __global__ in a header: included by moe.cu only (a second includer would define it twice).
 __global__ void moe_activation_kernel(const float* __restrict__ y, int64_t ld, int64_t rows, int64_t inter,
                                       MoeGateLayout layout, int act_kind, float limit, float alpha,

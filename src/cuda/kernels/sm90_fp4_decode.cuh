@@ -204,7 +204,8 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false>
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
-                           const GemmParams p, int split_k, int kb_per_split, bool swizzle) {
+                           const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
+                           int tiles) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
@@ -233,9 +234,22 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int tile = static_cast<int>(blockIdx.x) / split_k;
   const int split = static_cast<int>(blockIdx.x) % split_k;
+  const int tile = static_cast<int>(blockIdx.x) / split_k % tiles;
   const int n0 = tile * kFp4DecodeRows;
+  // Groups (MoE experts): this CTA's expert, its rows [row0, row0 + rows) of x and of the output, and its weights'
+  // first row in B. An expert with more rows than WN runs them in chunks of WN (each streams the weights again: the
+  // host picks WN for the rows an expert usually has). A slot past the listed experts has no work.
+  int group = 0, row0 = 0, rows = p.m;
+  if (groups.slots > 0) {
+    const int slot = static_cast<int>(blockIdx.x) / split_k / tiles;
+    if (slot >= *groups.list_count) return;  // the whole CTA, before any barrier
+    group = groups.list[slot];
+    row0 = groups.offsets[group];
+    rows = groups.offsets[group + 1] - row0;
+  }
+  const int chunks = (rows + WN - 1) / WN;
+  const int w_row0 = group * p.n;  // the group's first row of B
   const int num_kb = (p.k + kStageK - 1) / kStageK;
   const int kb_begin = split * kb_per_split;
   const int kb_count = min(num_kb, kb_begin + kb_per_split) - kb_begin;
@@ -262,13 +276,16 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
 
   if (!kFp8W && warp == 5) {
     // ---------------- Preparer warp (FP4 weights).
-    for (int i = 0; i < kb_count; ++i) {
-      const int stage = i % kStages;
-      ptx::mbar_wait(&landed[stage], (i / kStages) & 1);
-      fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + i, lane, fold_tab,
-                                         smem_fold + stage * Smem::kStageFold, smem_words + stage * kBlocks * kFp4DecodeRows,
-                                         smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
-      ptx::mbar_arrive(&full[stage]);
+    for (int c = 0, i = 0; c < chunks; ++c) {
+      for (int j = 0; j < kb_count; ++j, ++i) {
+        const int stage = i % kStages;
+        ptx::mbar_wait(&landed[stage], (i / kStages) & 1);
+        fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + j, lane, fold_tab,
+                                           smem_fold + stage * Smem::kStageFold,
+                                           smem_words + stage * kBlocks * kFp4DecodeRows,
+                                           smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
+        ptx::mbar_arrive(&full[stage]);
+      }
     }
     return;
   }
@@ -284,8 +301,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
     // activation group of a step as a shift. ncu (M = 1, WN = 8) counted 245 loader instructions per stage with
     // these in the loop (64-bit products, a division per step): every CTA's loader is warp 4, so the four loaders
     // of an SM share one scheduler with four consumer warps, and that scheduler bounded the kernel.
-    const int rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
-    const int toks[2] = {min(lane, p.m - 1), min(lane + 32, p.m - 1)};
+    const int w_rows[2] = {min(n0 + lane, p.n - 1), min(n0 + lane + 32, p.n - 1)};
     // Weight scales. Words: UE8M0 bytes or packed UE8M0 (one int32 per four groups): both at byte offset `group`
     // of the row (group % 4 == 0), clamped to the last word (UE8M0 rows hold a multiple of 4 groups, host).
     // Floats: one per group.
@@ -295,59 +311,65 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       w_row[h] = static_cast<const uint8_t*>(p.b_scale) +
-                 static_cast<int64_t>(rows[h]) * p.b_scale_stride_n * (word_scales ? word_bytes : 4);
+                 (group * p.b_scale_group_stride + static_cast<int64_t>(w_rows[h]) * p.b_scale_stride_n) *
+                     (word_scales ? word_bytes : 4);
     // Activation scales: step (32 of K) st lies in group st * 32 / a_group, a shift when a_group is a power of two
     // (32, 64, 128, ...), clamped to the last group (per-token: one).
-    const float* x_row[2] = {p.a_scale ? p.a_scale + static_cast<int64_t>(toks[0]) * p.a_scale_stride_m : nullptr,
-                             p.a_scale ? p.a_scale + static_cast<int64_t>(toks[1]) * p.a_scale_stride_m : nullptr};
     const int x_last = p.a_scale_cols - 1;
     const bool x_pow2 = (p.a_group & (p.a_group - 1)) == 0 && p.a_group >= 32;
     const int x_shift = x_pow2 ? __ffs(p.a_group) - 6 : 0;
-    for (int i = 0; i < kb_count; ++i) {
-      const int kb = kb_begin + i;
-      const int stage = i % kStages;
-      const int step0 = kb * kSteps;
-      if (i >= kStages) ptx::mbar_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
-      if (lane == 0) {
-        // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
-        ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
-        ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, n0);
+    for (int c = 0, i = 0; c < chunks; ++c) {
+      // The chunk's tokens: rows tok0.. of x (its last one repeated for the scales of the columns past it).
+      const int tok0 = row0 + c * WN, tok_last = min(WN, rows - c * WN) - 1;
+      const float* x_row[2] = {
+          p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane, tok_last)) * p.a_scale_stride_m : nullptr,
+          p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane + 32, tok_last)) * p.a_scale_stride_m : nullptr};
+      for (int j_kb = 0; j_kb < kb_count; ++j_kb, ++i) {
+        const int kb = kb_begin + j_kb;
+        const int stage = i % kStages;
+        const int step0 = kb * kSteps;
+        if (i >= kStages) ptx::mbar_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
+        if (lane == 0) {
+          // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
+          ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
+          ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, w_row0 + n0);
 #pragma unroll
-        for (int j = 0; j < kStageK / kGemmBlockK; ++j)
-          ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],
-                           kb * kStageK + j * kGemmBlockK, 0);
-      }
-      float* xs = smem_xs + stage * kSteps * WN;
-      // Weight scales: words of four groups ([kBlocks][64], prepared into the fold area a stage later) or floats
-      // straight into the fold area ([kBlocks][4][64]). The K tail's groups past the last scale read the last one
-      // (their weights are zero-filled; the preparation zeroes their scales).
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (kFp8W) {
-          // E4M3 weights: the consumers load the tile's block scale themselves.
-        } else if (word_scales) {
-#pragma unroll
-          for (int q = 0; q < kBlocks; ++q)
-            ptx::cp_async_4(smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows + lane + 32 * h,
-                            w_row[h] + min(step0 + 4 * q, last_word));
-        } else {
-          float* ws = reinterpret_cast<float*>(smem_fold + stage * Smem::kStageFold);
-          const float* src = reinterpret_cast<const float*>(w_row[h]);
-#pragma unroll
-          for (int st = 0; st < kSteps; ++st)
-            ptx::cp_async_4(ws + (st / 4) * (Smem::kBlockFold / 4) + (st % 4) * kFp4DecodeRows + lane + 32 * h,
-                            src + min(step0 + st, p.b_scale_cols - 1));
+          for (int j = 0; j < kStageK / kGemmBlockK; ++j)
+            ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],
+                             kb * kStageK + j * kGemmBlockK, tok0);
         }
-        // Activation scales [kSteps][WN] (none without a_scale: the consumers use 1).
-        if (p.a_scale && lane + 32 * h < WN) {
+        float* xs = smem_xs + stage * kSteps * WN;
+        // Weight scales: words of four groups ([kBlocks][64], prepared into the fold area a stage later) or floats
+        // straight into the fold area ([kBlocks][4][64]). The K tail's groups past the last scale read the last one
+        // (their weights are zero-filled; the preparation zeroes their scales).
 #pragma unroll
-          for (int st = 0; st < kSteps; ++st) {
-            const int xg = min(x_pow2 ? (step0 + st) >> x_shift : (step0 + st) * 32 / p.a_group, x_last);
-            ptx::cp_async_4(xs + st * WN + lane + 32 * h, x_row[h] + static_cast<int64_t>(xg) * p.a_scale_stride_k);
+        for (int h = 0; h < 2; ++h) {
+          if (kFp8W) {
+            // E4M3 weights: the consumers load the tile's block scale themselves.
+          } else if (word_scales) {
+#pragma unroll
+            for (int q = 0; q < kBlocks; ++q)
+              ptx::cp_async_4(smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows + lane + 32 * h,
+                              w_row[h] + min(step0 + 4 * q, last_word));
+          } else {
+            float* ws = reinterpret_cast<float*>(smem_fold + stage * Smem::kStageFold);
+            const float* src = reinterpret_cast<const float*>(w_row[h]);
+#pragma unroll
+            for (int st = 0; st < kSteps; ++st)
+              ptx::cp_async_4(ws + (st / 4) * (Smem::kBlockFold / 4) + (st % 4) * kFp4DecodeRows + lane + 32 * h,
+                              src + min(step0 + st, p.b_scale_cols - 1));
+          }
+          // Activation scales [kSteps][WN] (none without a_scale: the consumers use 1).
+          if (p.a_scale && lane + 32 * h < WN) {
+#pragma unroll
+            for (int st = 0; st < kSteps; ++st) {
+              const int xg = min(x_pow2 ? (step0 + st) >> x_shift : (step0 + st) * 32 / p.a_group, x_last);
+              ptx::cp_async_4(xs + st * WN + lane + 32 * h, x_row[h] + static_cast<int64_t>(xg) * p.a_scale_stride_k);
+            }
           }
         }
+        ptx::cp_async_mbar_arrive_noinc(kFp8W ? &full[stage] : &landed[stage]);
       }
-      ptx::cp_async_mbar_arrive_noinc(kFp8W ? &full[stage] : &landed[stage]);
     }
     ptx::cp_async_wait_all();  // no copy outlives its thread
     return;
@@ -356,172 +378,194 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
   // ---------------- Consumer warpgroup.
   const int g = lane >> 2, t = lane & 3;
   const int r0 = warp * 16 + g;  // this thread's rows: r0 and r0 + 8 of the tile
-  float total[kAcc];
+  // Stages i = c·kb_count .. (c + 1)·kb_count - 1 hold chunk c (one chunk without groups).
+  for (int c = 0; c < chunks; ++c) {
+    const int i_begin = c * kb_count, i_end = i_begin + kb_count;
+    float total[kAcc];
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
+    for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
-  // Step s's wgmma result into the sum of its activation group, with the weight scales w0, w1 of rows r0, r0 + 8;
-  // the sum into the total at the group's end, with the tokens' scales.
-  // `sum` lives within one 128 of K: activation groups are 32, 64 or 128 wide there (xgroup_mask ≤ 3), so every
-  // 128 starts a group.
-  auto promote = [&](int s, const float (&acc)[kAcc], float w0, float w1, const float* xs, float (&sum)[kAcc]) {
-    const bool first = (s & xgroup_mask) == 0;
+    // Step s's wgmma result into the sum of its activation group, with the weight scales w0, w1 of rows r0, r0 + 8;
+    // the sum into the total at the group's end, with the tokens' scales.
+    // `sum` lives within one 128 of K: activation groups are 32, 64 or 128 wide there (xgroup_mask ≤ 3), so every
+    // 128 starts a group.
+    auto promote = [&](int s, const float (&acc)[kAcc], float w0, float w1, const float* xs, float (&sum)[kAcc]) {
+      const bool first = (s & xgroup_mask) == 0;
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const float w = (i & 2) ? w1 : w0;  // accumulator i: row r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1)
-      sum[i] = first ? acc[i] * w : fmaf(acc[i], w, sum[i]);
-    }
-    if (((s + 1) & xgroup_mask) == 0) {
-#pragma unroll
-      for (int j = 0; j < WN / 8; ++j) {
-        const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + s * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-        total[4 * j + 0] = fmaf(sum[4 * j + 0], xv.x, total[4 * j + 0]);
-        total[4 * j + 1] = fmaf(sum[4 * j + 1], xv.y, total[4 * j + 1]);
-        total[4 * j + 2] = fmaf(sum[4 * j + 2], xv.x, total[4 * j + 2]);
-        total[4 * j + 3] = fmaf(sum[4 * j + 3], xv.y, total[4 * j + 3]);
+      for (int i = 0; i < kAcc; ++i) {
+        const float w = (i & 2) ? w1 : w0;  // accumulator i: row r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1)
+        sum[i] = first ? acc[i] * w : fmaf(acc[i], w, sum[i]);
       }
-    }
-  };
-
-  if constexpr (kFp8W) {
-    for (int i = 0; i < kb_count; ++i) {
-      const int stage = i % kStages;
-      const int kb = kb_begin + i;
-      // The tile's block scale for this stage, loaded before the wait so that its latency hides behind it.
-      const float w_scale = load_b_scale(p, 0, n0 / p.b_block_n, min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
-      ptx::mbar_wait(&full[stage], (i / kStages) & 1);
-      // One wgmma per step over the warpgroup's 64 rows: A (weights) and B (tokens) both from shared memory.
-      const uint64_t desc_w = ptx::make_desc_k_major_sw128(smem_w + stage * Smem::kStageW);
-      const uint64_t desc_x = ptx::make_desc_k_major_sw128(smem_x + stage * Smem::kStageX);
-      float acc[kAcc];
-      ptx::wgmma_fence();
+      if (((s + 1) & xgroup_mask) == 0) {
 #pragma unroll
-      for (int s = 0; s < 4; ++s) MmaSmem::mma(desc_w + (s * 32 >> 4), desc_x + (s * 32 >> 4), acc, s > 0);
-      ptx::wgmma_commit();
-      // The tokens' scales of this stage (one per token over its 128 of K) into registers before the release.
-      const float* xs = smem_xs + stage * kSteps * WN;
-      float2 xv[WN / 8];
-#pragma unroll
-      for (int j = 0; j < WN / 8; ++j)
-        xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc);
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
-#pragma unroll
-      for (int j = 0; j < WN / 8; ++j) {
-        const float s0 = w_scale * xv[j].x, s1 = w_scale * xv[j].y;
-        total[4 * j + 0] = fmaf(acc[4 * j + 0], s0, total[4 * j + 0]);
-        total[4 * j + 1] = fmaf(acc[4 * j + 1], s1, total[4 * j + 1]);
-        total[4 * j + 2] = fmaf(acc[4 * j + 2], s0, total[4 * j + 2]);
-        total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
-      }
-    }
-  } else {
-    // Per 128 of K (block q of the stage) the preparer's flag says whether the block folds (see
-    // fp4_decode_prepare_scales): then each group's codes expand through their prepared table, the four steps
-    // accumulate in one wgmma chain, and one promotion per row applies 2^e_max. Otherwise each step runs into its own
-    // accumulator (kPar at once) and is promoted with its own scale.
-    constexpr int kPar = WN <= 32 ? 4 : 1;  // WN = 64: one 32-register accumulator, within 168 registers
-    // This thread's fragment offsets in a stage's weight tile, per row and step (the same in every stage).
-    int frag_off[2][kSteps];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
-    // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
-    const uint2 plain_tab = fold_tab[0];
-    for (int i = 0; i < kb_count; ++i) {
-      const int stage = i % kStages;
-      ptx::mbar_wait(&full[stage], (i / kStages) & 1);
-      const uint8_t* wt = smem_w + stage * Smem::kStageW;
-      const uint8_t* fold_area = smem_fold + stage * Smem::kStageFold;
-      const float* rs = smem_rs + stage * kBlocks * kFp4DecodeRows;
-      const uint32_t* flags = smem_flags + stage * 4;
-      const float* xs = smem_xs + stage * kSteps * WN;
-      const uint8_t* xt = smem_x + stage * Smem::kStageX;
-      auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
-        return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
-      };
-#pragma unroll
-      for (int q = 0; q < kBlocks; ++q) {
-        uint32_t raw[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
-        const uint2* tab = reinterpret_cast<const uint2*>(fold_area + q * Smem::kBlockFold);      // [4][64]
-        const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
-        if (flags[q] != 0u) {
-          uint32_t a[4][4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], a[j]);
-          float acc[kAcc];
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int j = 0; j < 4; ++j) Mma::mma(a[j], desc_of(4 * q + j), acc, j > 0);
-          ptx::wgmma_commit();
-          float2 xv[WN / 8];
-#pragma unroll
-          for (int j = 0; j < WN / 8; ++j)
-            xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-          const float row_scale[2] = {rs[q * kFp4DecodeRows + r0], rs[q * kFp4DecodeRows + r0 + 8]};
-          ptx::wgmma_wait<0>();
-          ptx::fence_operands(acc);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) fence_regs(a[j]);
-#pragma unroll
-          for (int j = 0; j < WN / 8; ++j) {
-            total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv[j].x, total[4 * j + 0]);
-            total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv[j].y, total[4 * j + 1]);
-            total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv[j].x, total[4 * j + 2]);
-            total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
-          }
-        } else {
-          float wsc[2][4];  // per row and step: the group's scale (0 past K)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
-          float sum[kAcc];
-#pragma unroll
-          for (int b = 0; b < 4; b += kPar) {
-            uint32_t a[kPar][4];
-            float acc[kPar][kAcc];
-#pragma unroll
-            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
-            ptx::wgmma_fence();
-#pragma unroll
-            for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait<0>();
-#pragma unroll
-            for (int j = 0; j < kPar; ++j) {
-              ptx::fence_operands(acc[j]);
-              fence_regs(a[j]);
-            }
-#pragma unroll
-            for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
-          }
+        for (int j = 0; j < WN / 8; ++j) {
+          const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + s * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+          total[4 * j + 0] = fmaf(sum[4 * j + 0], xv.x, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(sum[4 * j + 1], xv.y, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(sum[4 * j + 2], xv.x, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(sum[4 * j + 3], xv.y, total[4 * j + 3]);
         }
       }
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
-    }
-  }  // FP4 weights
+    };
 
-  // Epilogue: accumulator i holds row n0 + r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1).
+    if constexpr (kFp8W) {
+      for (int i = i_begin; i < i_end; ++i) {
+        const int stage = i % kStages;
+        const int kb = kb_begin + i - i_begin;
+        // The tile's block scale for this stage, loaded before the wait so that its latency hides behind it.
+        const float w_scale =
+            load_b_scale(p, group, n0 / p.b_block_n, min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
+        ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+        // One wgmma per step over the warpgroup's 64 rows: A (weights) and B (tokens) both from shared memory.
+        const uint64_t desc_w = ptx::make_desc_k_major_sw128(smem_w + stage * Smem::kStageW);
+        const uint64_t desc_x = ptx::make_desc_k_major_sw128(smem_x + stage * Smem::kStageX);
+        float acc[kAcc];
+        ptx::wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) {
-    const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
-    const int n = n0 + r0 + 8 * ((i >> 1) & 1);
-    if (tok >= p.m || n >= p.n) continue;
-    if (p.workspace) {
-      p.workspace[(static_cast<int64_t>(split) * p.m + tok) * p.n + n] = total[i];
+        for (int s = 0; s < 4; ++s) MmaSmem::mma(desc_w + (s * 32 >> 4), desc_x + (s * 32 >> 4), acc, s > 0);
+        ptx::wgmma_commit();
+        // The tokens' scales of this stage (one per token over its 128 of K) into registers before the release.
+        const float* xs = smem_xs + stage * kSteps * WN;
+        float2 xv[WN / 8];
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j)
+          xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc);
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {
+          const float s0 = w_scale * xv[j].x, s1 = w_scale * xv[j].y;
+          total[4 * j + 0] = fmaf(acc[4 * j + 0], s0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(acc[4 * j + 1], s1, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(acc[4 * j + 2], s0, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
+        }
+      }
     } else {
-      store_one(p, tok, n,
-                total[i] * load_vec(p.row_mode, p.row_scale, tok) * load_vec(p.col_mode, p.col_scale, n) + load_bias(p, n));
+      // Per 128 of K (block q of the stage) the preparer's flag says whether the block folds (see
+      // fp4_decode_prepare_scales): then each group's codes expand through their prepared table, the four steps
+      // accumulate in one wgmma chain, and one promotion per row applies 2^e_max. Otherwise each step runs into its own
+      // accumulator (kPar at once) and is promoted with its own scale.
+      constexpr int kPar = WN <= 32 ? 4 : 1;  // WN = 64: one 32-register accumulator, within 168 registers
+      // This thread's fragment offsets in a stage's weight tile, per row and step (the same in every stage).
+      int frag_off[2][kSteps];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
+      // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
+      const uint2 plain_tab = fold_tab[0];
+      for (int i = i_begin; i < i_end; ++i) {
+        const int stage = i % kStages;
+        ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+        const uint8_t* wt = smem_w + stage * Smem::kStageW;
+        const uint8_t* fold_area = smem_fold + stage * Smem::kStageFold;
+        const float* rs = smem_rs + stage * kBlocks * kFp4DecodeRows;
+        const uint32_t* flags = smem_flags + stage * 4;
+        const float* xs = smem_xs + stage * kSteps * WN;
+        const uint8_t* xt = smem_x + stage * Smem::kStageX;
+        auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
+          return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
+        };
+#pragma unroll
+        for (int q = 0; q < kBlocks; ++q) {
+          uint32_t raw[4][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
+          const uint2* tab = reinterpret_cast<const uint2*>(fold_area + q * Smem::kBlockFold);      // [4][64]
+          const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
+          if (flags[q] != 0u) {
+            uint32_t a[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], a[j]);
+            float acc[kAcc];
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < 4; ++j) Mma::mma(a[j], desc_of(4 * q + j), acc, j > 0);
+            ptx::wgmma_commit();
+            float2 xv[WN / 8];
+#pragma unroll
+            for (int j = 0; j < WN / 8; ++j)
+              xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+            const float row_scale[2] = {rs[q * kFp4DecodeRows + r0], rs[q * kFp4DecodeRows + r0 + 8]};
+            ptx::wgmma_wait<0>();
+            ptx::fence_operands(acc);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) fence_regs(a[j]);
+#pragma unroll
+            for (int j = 0; j < WN / 8; ++j) {
+              total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv[j].x, total[4 * j + 0]);
+              total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv[j].y, total[4 * j + 1]);
+              total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv[j].x, total[4 * j + 2]);
+              total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
+            }
+          } else {
+            float wsc[2][4];  // per row and step: the group's scale (0 past K)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+            float sum[kAcc];
+#pragma unroll
+            for (int b = 0; b < 4; b += kPar) {
+              uint32_t a[kPar][4];
+              float acc[kPar][kAcc];
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
+              ptx::wgmma_fence();
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
+              ptx::wgmma_commit();
+              ptx::wgmma_wait<0>();
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) {
+                ptx::fence_operands(acc[j]);
+                fence_regs(a[j]);
+              }
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
+            }
+          }
+        }
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+      }
+    }  // FP4 weights
+
+    // Epilogue: accumulator i holds row n0 + r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1) of the chunk.
+    // Without groups, split-K partials are stored raw (splitk_reduce_kernel applies the epilogue); with groups the
+    // scales, the bias (split 0) and the row weight apply here, per expert, and the reduce only sums.
+    const int tok0 = row0 + c * WN, tok_count = min(WN, rows - c * WN);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
+      const int n = n0 + r0 + 8 * ((i >> 1) & 1);
+      if (tok >= tok_count || n >= p.n) continue;
+      const int row = tok0 + tok;
+      if (groups.slots == 0) {
+        if (p.workspace) {
+          p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = total[i];
+        } else {
+          store_one(p, row, n,
+                    total[i] * load_vec(p.row_mode, p.row_scale, row) * load_vec(p.col_mode, p.col_scale, n) +
+                        load_bias(p, n));
+        }
+      } else {
+        const float* row_scale =
+            p.row_mode == VecMode::Scalar ? p.row_scale + group * p.row_scale_group_stride : p.row_scale;
+        const float rs = load_vec(p.row_mode, row_scale, row);
+        const float cs = load_vec(p.col_mode, p.col_scale + group * p.col_group_stride, n);
+        const float rw = p.row_weight ? p.row_weight[row] : 1.0f;
+        const bool bias = !p.workspace || split == 0;
+        const float v = (total[i] * rs * cs + (bias ? load_bias(p, group * p.bias_group_stride + n) : 0.0f)) * rw;
+        if (p.workspace) p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = v;
+        else store_one(p, row, n, v);
+      }
     }
-  }
+  }  // chunks
 #endif
 }
 

@@ -1,7 +1,12 @@
 // Host side of src/cuda/kernels/sm90_fp4_decode.cuh: the FP4-weight decode kernels (M ≤ 64), one per token width.
+#include <algorithm>
 #include <atomic>
+#include <climits>
+#include <optional>
 
 #include "cuda/kernels/sm90_fp4_decode.cuh"
+#include "cuda/kernels/splitk_reduce.cuh"
+#include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
@@ -59,18 +64,23 @@ int prepare(const Fp4DecodeConfig& c, int device) {
 }
 
 template <int WN, int kStageK, bool kFp8W>
-void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
-  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<c.tiles * c.split_k, kFp4DecodeThreads<kFp8W>, fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
-      x, w, p, c.split_k, c.kb_per_split, c.swizzle);
+void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
+            const DecodeGroups& groups, cudaStream_t stream) {
+  const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
+  if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
+  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<static_cast<unsigned>(ctas), kFp4DecodeThreads<kFp8W>,
+                                            fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
+      x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
 }
 
 template <int kStageK, bool kFp8W>
-void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c, cudaStream_t stream) {
+void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
+            const DecodeGroups& groups, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W>(x, w, p, c, stream);
-    case 16: return launch<16, kStageK, kFp8W>(x, w, p, c, stream);
-    case 32: return launch<32, kStageK, kFp8W>(x, w, p, c, stream);
-    default: return launch<64, kStageK, kFp8W>(x, w, p, c, stream);
+    case 8: return launch<8, kStageK, kFp8W>(x, w, p, c, groups, stream);
+    case 16: return launch<16, kStageK, kFp8W>(x, w, p, c, groups, stream);
+    case 32: return launch<32, kStageK, kFp8W>(x, w, p, c, groups, stream);
+    default: return launch<64, kStageK, kFp8W>(x, w, p, c, groups, stream);
   }
 }
 
@@ -78,11 +88,12 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
 
-Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights) {
+Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights, int slots) {
   Fp4DecodeConfig c;
   c.fp8_weights = fp8_weights;
   c.wn = fp4_decode_width(m);
   c.tiles = ceil_div(n, kFp4DecodeRows);
+  c.slots = slots;
   c.stage_k = 128;
   if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced && !fp8_weights) {
     c.stage_k = std::atoi(forced);
@@ -93,7 +104,7 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
   // at least 512 of K per split: each split costs M × N floats of partials.
   const int resident = prepare(c, device) * num_sms;
-  int split = std::max(1, resident / c.tiles);
+  int split = std::max(1, resident / (c.tiles * std::max(1, slots)));
   split = std::min(split, std::max(1, num_kb / (512 / c.stage_k)));
   if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_SPLIT"); forced && *forced) {
     const int v = std::atoi(forced);
@@ -105,30 +116,79 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
-                 fp8_weights ? "fp8" : "fp4", m, n, k, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split, c.swizzle ? 1 : 0);
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
+                 fp8_weights ? "fp8" : "fp4", m, n, k, slots, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split,
+                 c.swizzle ? 1 : 0);
   return c;
 }
 
 void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
-                            const Fp4DecodeConfig& config, cudaStream_t stream) {
+                            const Fp4DecodeConfig& config, cudaStream_t stream, const DecodeGroups& groups) {
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   Fp4DecodeConfig c = config;
   prepare(c, device);
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
+  const int64_t w_rows = int64_t{p.n} * (groups.slots > 0 ? groups.num_groups : 1);
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
-    launch<128, true>(tma_x, make_tma_2d(b, p.n, p.k, ldb, kFp4DecodeRows), p, c, stream);
+    launch<128, true>(tma_x, make_tma_2d(b, w_rows, p.k, ldb, kFp4DecodeRows), p, c, groups, stream);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const CUtensorMap tma_w = c.stage_k == 128
-                                ? make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
-                                : make_tma_2d(b, p.n, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 256) launch<256, false>(tma_x, tma_w, p, c, stream);
-  else launch<128, false>(tma_x, tma_w, p, c, stream);
+                                ? make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
+                                : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
+  if (c.stage_k == 256) launch<256, false>(tma_x, tma_w, p, c, groups, stream);
+  else launch<128, false>(tma_x, tma_w, p, c, groups, stream);
   FG_CUDA_CHECK(cudaGetLastError());
+}
+
+DecodeKind decode_kernel_kind(const GemmParams& p) {
+  if (p.b_scale == nullptr || p.k > INT32_MAX - 1024) return DecodeKind::None;  // stage offsets are int
+  if (p.b_fp4) {
+    // The loader copies the weight scales four UE8M0 bytes at a time: 4-byte aligned rows of a multiple of 4 groups.
+    // Packed UE8M0 words are aligned by construction; the consumers ignore a word's bytes past K.
+    const bool scales_ok =
+        p.b_scale_fmt == ScaleFmt::F32 || p.b_scale_fmt == ScaleFmt::UE8M0_PACKED ||
+        (reinterpret_cast<uintptr_t>(p.b_scale) % 4 == 0 && p.b_scale_stride_n % 4 == 0 && p.b_scale_cols % 4 == 0 &&
+         p.b_scale_group_stride % 4 == 0);
+    // 32-wide steps: MX 1x32 weight scales; activation groups of 32, 64 or multiples of 128 (a_group stays 128
+    // without group scales).
+    const bool groups_ok = p.a_group % 128 == 0 || p.a_group == 32 || p.a_group == 64;
+    return p.b_block_n == 1 && p.b_block_k == 32 && scales_ok && groups_ok ? DecodeKind::Fp4 : DecodeKind::None;
+  }
+  return p.b_block_n % 64 == 0 && p.b_block_k % 128 == 0 && p.a_group % 128 == 0
+             ? DecodeKind::Fp8
+             : DecodeKind::None;
+}
+
+void launch_sm90_decode_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const DecodeGroups& groups,
+                                int wn_rows, GemmParams p, cudaStream_t stream) {
+  if (p.m == 0 || groups.slots == 0) return;
+  const DecodeKind kind = decode_kernel_kind(p);
+  if (kind == DecodeKind::None) throw Error("decode grouped gemm: the recipe is not one the decode kernel serves");
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  const Fp4DecodeConfig c = choose_fp4_decode_config(std::clamp(wn_rows, 1, 64), p.n, p.k, num_sms_of_device(device),
+                                                     device, kind == DecodeKind::Fp8, groups.slots);
+  std::optional<StreamScratch> workspace;
+  if (c.split_k > 1) {
+    workspace.emplace(sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n, stream);
+    p.workspace = workspace->as<float>();
+  }
+  launch_sm90_fp4_decode(a, lda, b, ldb, p, c, stream, groups);
+  if (p.workspace) {
+    // The partials hold the whole epilogue (per expert): the reduce only sums them, in split order.
+    GemmParams sum = p;
+    sum.row_mode = VecMode::None;
+    sum.col_mode = VecMode::None;
+    sum.bias_dtype = -1;
+    const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
+    const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
+    splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(sum, c.split_k);
+    FG_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace finegemm::cuda

@@ -210,27 +210,15 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int promote_k = !promote ? 0 : (p.promote_k % 128 == 0 ? 128 : 32);
   // FP4 weights at decode sizes: the swap-AB kernel that expands the weights in registers.
-  // Its producer copies the weight scales four UE8M0 bytes at a time: 4-byte aligned rows of a multiple of 4 groups
-  // (otherwise the general kernel runs). Packed UE8M0 words are aligned by construction; the consumers ignore a
-  // word's bytes past K.
-  const bool fp4_decode_scales_ok =
-      p.b_scale_fmt == ScaleFmt::F32 || p.b_scale_fmt == ScaleFmt::UE8M0_PACKED ||
-      (reinterpret_cast<uintptr_t>(p.b_scale) % 4 == 0 && p.b_scale_stride_n % 4 == 0 && p.b_scale_cols % 4 == 0);
-  // Its steps are 32 wide: MX 1x32 weight scales, activation groups of 32, 64, 128 or multiples of 128; K well
-  // inside int (stage offsets are int).
-  const bool decode_groups_ok =
-      (p.a_scale == nullptr || p.a_group % 128 == 0 || p.a_group == 32 || p.a_group == 64) && p.k <= INT32_MAX - 1024;
-  const bool fp4_decode = p.b_fp4 && p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
-                          p.b_scale != nullptr && p.b_block_n == 1 && p.b_block_k == 32 && fp4_decode_scales_ok &&
-                          decode_groups_ok && env_switch("FINEGEMM_FP4_DECODE", true);
+  const DecodeKind decode_kind = p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain
+                                     ? decode_kernel_kind(p)
+                                     : DecodeKind::None;
+  const bool fp4_decode = decode_kind == DecodeKind::Fp4 && env_switch("FINEGEMM_FP4_DECODE", true);
   // E4M3 weights in the same decode kernel: block scales constant over its 64-row tiles and 128 of K, activation
   // scales constant over 128 of K. On by default at M ≤ 32, where it measured faster than the general kernel
   // (N = 7168, K = 16384: 35.9 vs 51.9 µs at M = 1, 39.0 vs 47.1 at M = 32; at M = 64 slower, 57.4 vs 47.8).
   // FINEGEMM_FP8_DECODE=1 takes it up to M = 64, =0 turns it off.
-  const bool fp8_decode = !p.b_fp4 && p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
-                          p.b_scale != nullptr && p.b_block_n % 64 == 0 && p.b_block_k % 128 == 0 &&
-                          (p.a_scale == nullptr || p.a_group % 128 == 0) && p.k <= INT32_MAX - 1024 &&
-                          env_switch("FINEGEMM_FP8_DECODE", p.m <= 32);
+  const bool fp8_decode = decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", p.m <= 32);
   const Fp4DecodeConfig decode = fp4_decode || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
                                      : Fp4DecodeConfig{};

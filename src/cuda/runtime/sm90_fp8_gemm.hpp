@@ -32,7 +32,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
 // them to the general kernel instead; FINEGEMM_FP4_DECODE_SPLIT=n forces the split.
 struct Fp4DecodeConfig {
   int wn = 8;  // token columns of the wgmma (M rounded up to 8, 16, 32 or 64)
-  int tiles = 0;
+  int tiles = 0;  // 64-row weight tiles (of each group)
+  int slots = 0;  // groups: expert slots (DecodeGroups::slots); 0 without groups
   int split_k = 1;
   int kb_per_split = 0;
   bool fp8_weights = false;  // E4M3 weights (FINEGEMM_FP8_DECODE=1)
@@ -41,10 +42,24 @@ struct Fp4DecodeConfig {
 };
 int fp4_decode_width(int m);
 // fp8_weights: the same kernel on E4M3 weights with 64x128-constant block scales (FINEGEMM_FP8_DECODE=1, off).
-Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights = false);
+// slots: expert slots of a grouped launch (0: none); the split fills the GPU with slots × tiles CTAs.
+Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights = false,
+                                         int slots = 0);
 // p.workspace set: partials for splitk_reduce_kernel (c.split_k > 1).
 void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
-                            const Fp4DecodeConfig& c, cudaStream_t stream);
+                            const Fp4DecodeConfig& c, cudaStream_t stream, const DecodeGroups& groups = {});
+
+// The decode kernel's recipes (any M: callers choose by M): FP4 weights with MX 1x32 scales, or E4M3 weights with
+// block scales constant over 64 rows and 128 of K (activation scales constant over 128 of K); activation groups of
+// 32, 64 or multiples of 128 (FP4), per-token or static scales. None, Fp4 or Fp8.
+enum class DecodeKind { None, Fp4, Fp8 };
+DecodeKind decode_kernel_kind(const GemmParams& p);
+
+// MoE experts at decode sizes: the decode kernel over the experts that groups.list names (rows per expert usually
+// ≤ wn_rows; more run in chunks), p.m rows in all. The epilogue applies p's scales, bias and row weight per expert
+// (Store to p.out); split-K partials are summed by splitk_reduce_kernel. Needs decode_kernel_kind(p) != None.
+void launch_sm90_decode_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const DecodeGroups& groups,
+                                int wn_rows, GemmParams p, cudaStream_t stream);
 
 // Grouped GEMM (MoE experts), rows per expert read on the device (graph-capturable, no host sync).
 struct GroupedLayout {
