@@ -5,7 +5,6 @@
 #include <optional>
 
 #include "cuda/kernels/sm90_fp4_decode.cuh"
-#include "cuda/kernels/splitk_reduce.cuh"
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
@@ -184,10 +183,7 @@ void launch_sm90_decode_grouped(const void* a, int64_t lda, const void* b, int64
     sum.row_mode = VecMode::None;
     sum.col_mode = VecMode::None;
     sum.bias_dtype = -1;
-    const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
-    const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
-    splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(sum, c.split_k);
-    FG_CUDA_CHECK(cudaGetLastError());
+    launch_splitk_reduce(sum, c.split_k, stream);
   }
 }
 

@@ -266,12 +266,14 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
   else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
   else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
-  if (p.workspace) {
-    const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
-    const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
-    splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(p, c.split_k);
-    FG_CUDA_CHECK(cudaGetLastError());
-  }
+  if (p.workspace) launch_splitk_reduce(p, c.split_k, stream);
+}
+
+void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream) {
+  const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
+  const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
+  splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(p, split_k);
+  FG_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace finegemm::cuda

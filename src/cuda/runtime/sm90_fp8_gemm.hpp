@@ -28,6 +28,9 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms);
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
                           cudaStream_t stream);
 
+// Split-K finish (splitk_reduce_kernel): p.out = Σ_split p.workspace[split] (in order) with p's epilogue.
+void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream);
+
 // FP4 weights at M ≤ 64 (sm90_fp4_decode.cuh): swap AB, weights expanded in registers. FINEGEMM_FP4_DECODE=0 sends
 // them to the general kernel instead; FINEGEMM_FP4_DECODE_SPLIT=n forces the split.
 struct Fp4DecodeConfig {
