@@ -217,8 +217,7 @@ class ScopedEnv {
 
 // The decode path (moe_decode.cuh + the decode kernel over the experts with rows): every recipe it serves, with its
 // split-K as the heuristic picks it and forced to 1 and 3, against the reference. T = 1 (down has 2048 of K: the
-// heuristic splits it), 5 (20 rows over 8 experts: chunks of 8 rows for the fullest) and 24 (forced: 96 rows, more
-// than the default's 4 per expert). Every FP4 recipe and the FP8 block recipes whose activation scales hold over
+// heuristic splits it), 5 (20 rows over 8 experts: chunks of 8 rows for the fullest) and 24 (96 rows). Every FP4 recipe and the FP8 block recipes whose activation scales hold over
 // 128 of K must take it.
 TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
   const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
@@ -295,8 +294,8 @@ TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
 }
 
 TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {
-  // The general path (512 rows over 16 experts) and the decode path (forced).
-  for (const char* decode_env : {"", "1"}) {
+  // The general grouped path and the decode path (512 rows over 16 experts: the decode path's default), each forced.
+  for (const char* decode_env : {"0", "1"}) {
   const ScopedEnv decode("FINEGEMM_MOE_DECODE", decode_env);
   MoeProblem problem;
   problem.tokens = 64;

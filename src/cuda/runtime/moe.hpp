@@ -17,7 +17,7 @@ std::string moe_gpu_path_refusal(const MoeArgs& args, bool allow_per_token = fal
 // FINEGEMM_MOE_PER_TOKEN_GPU=1: moe_experts runs per-token activations on the GPU (off until measured on the H200).
 bool moe_per_token_gpu_enabled();
 // Whether moe_expert_gemms runs `rows` routed rows on the decode kernel (sm90_fp4_decode.cuh) over the experts that
-// have rows: few rows per expert (at most 4 on average) and both GEMMs' recipes served by it. FINEGEMM_MOE_DECODE=0
+// have rows: few rows per expert (at most 32 on average) and both GEMMs' recipes served by it. FINEGEMM_MOE_DECODE=0
 // turns it off, =1 takes it to any row count.
 bool moe_decode_path(const MoeArgs& args, int64_t rows);
 
