@@ -41,6 +41,9 @@ struct GemmParams {
   // FP4 B: the loader warps expand four items per lane per round, all loads before any store
   // (FINEGEMM_FP4_BATCHED_EXPAND=1; off until run on the H200).
   bool fp4_batched_expand = false;
+  // The decode kernel (sm90_fp4_decode.cuh): every consumer thread releases a stage itself (128 arrivals), not one
+  // lane per warp after __syncwarp (4); FINEGEMM_DECODE_THREAD_RELEASE=0 turns it off (comparisons).
+  bool decode_thread_release = true;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -202,7 +202,10 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 template <int WN, int kStages, int kStageK, bool kFp8W = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
-__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
+// Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91 registers, three CTAs per SM,
+// and M = 1 (N = 7168, K = 16384) from 37.5 to 41.7 µs.
+__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
+                                  WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
                            int tiles) {
@@ -256,11 +259,13 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
 
   // full[s]: the loader's expect_tx (one arrival), the TMA bytes, and 32 arrivals: the loader lanes' once their
   // cp.async copies have landed (E4M3 weights) or the preparer lanes' once the scales are prepared (FP4 weights).
-  // empty[s]: one arrival per consumer warp. landed[s] (FP4): the loader lanes' cp.async copies.
+  // empty[s]: one arrival per consumer thread, after its last read of the stage (or one per warp, after
+  // __syncwarp, with p.decode_thread_release off: racecheck reported the reads of the activation scales against the
+  // next cp.async into the stage there). landed[s] (FP4): the loader lanes' cp.async copies.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1 + 32);
-      ptx::mbar_init(&empty[s], 4);
+      ptx::mbar_init(&empty[s], p.decode_thread_release ? 128 : 4);
       ptx::mbar_init(&landed[s], 32);
     }
     ptx::fence_barrier_init();
@@ -432,8 +437,12 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
           xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc);
-        __syncwarp();
-        if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+        if (p.decode_thread_release) {
+          ptx::mbar_arrive(&empty[stage]);
+        } else {
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+        }
 #pragma unroll
         for (int j = 0; j < WN / 8; ++j) {
           const float s0 = w_scale * xv[j].x, s1 = w_scale * xv[j].y;
@@ -530,8 +539,12 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>, WN == 64 ? 2 : 1)
             }
           }
         }
-        __syncwarp();
-        if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+        if (p.decode_thread_release) {
+          ptx::mbar_arrive(&empty[stage]);
+        } else {
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+        }
       }
     }  // FP4 weights
 

@@ -121,12 +121,14 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   return c;
 }
 
-void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
+void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& params,
                             const Fp4DecodeConfig& config, cudaStream_t stream, const DecodeGroups& groups) {
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   Fp4DecodeConfig c = config;
   prepare(c, device);
+  GemmParams p = params;
+  p.decode_thread_release = env_switch("FINEGEMM_DECODE_THREAD_RELEASE", true);
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
   const int64_t w_rows = int64_t{p.n} * (groups.slots > 0 ? groups.num_groups : 1);
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
