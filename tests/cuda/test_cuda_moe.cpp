@@ -201,6 +201,7 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
   }
 }
 
+
 // Sets an environment variable for a scope ("" leaves it unset).
 class ScopedEnv {
  public:
@@ -214,6 +215,42 @@ class ScopedEnv {
  private:
   const char* name_;
 };
+
+// Which path the MoE block takes (host-side choice, no GPU needed: runs in CI): the decode path for every FP4
+// recipe and every block recipe whose scales hold over 128 of K, at decode sizes only (up to 32 rows per expert),
+// never for per-tensor / per-channel weights or group-32 activations with E4M3 weights; FINEGEMM_MOE_DECODE=0 / 1.
+TEST(MoePathChoice, DecodePathForItsRecipesAtDecodeSizes) {
+  auto recipes = all_recipes();
+  recipes.push_back({"block x token", WeightRecipe::block(128, 128, ScaleFormat::FP32), ActivationRecipe::per_token()});
+  int decode_recipes = 0;
+  for (const auto& recipe : recipes) {
+    const bool fp4 = recipe.weight.element == ElementType::FP4_E2M1;
+    const bool served = fp4 || (recipe.weight.granularity == WeightGranularity::Block &&
+                                !(recipe.activation.granularity == ActGranularity::PerTokenGroup &&
+                                  recipe.activation.group_size % 128 != 0));
+    MoeProblem problem;
+    problem.tokens = 4;
+    problem.experts = 8;
+    problem.top_k = 4;
+    const auto masters = tools::make_moe_masters(rng(), problem);
+    const auto data = tools::make_moe(rng(), recipe, problem, masters);
+    HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
+    const MoeArgs args = data.args(probe.view);
+    EXPECT_EQ(cuda::moe_decode_path(args, 16), served) << recipe.name;           // 2 rows per expert
+    EXPECT_EQ(cuda::moe_decode_path(args, 32 * 8), served) << recipe.name;       // 32 per expert: the default's edge
+    EXPECT_FALSE(cuda::moe_decode_path(args, 32 * 8 + 1)) << recipe.name;        // beyond it
+    {
+      const ScopedEnv off("FINEGEMM_MOE_DECODE", "0");
+      EXPECT_FALSE(cuda::moe_decode_path(args, 16)) << recipe.name;
+    }
+    {
+      const ScopedEnv on("FINEGEMM_MOE_DECODE", "1");
+      EXPECT_EQ(cuda::moe_decode_path(args, 100000), served) << recipe.name;
+    }
+    decode_recipes += served;
+  }
+  EXPECT_GE(decode_recipes, 13);
+}
 
 // The decode path (moe_decode.cuh + the decode kernel over the experts with rows): every recipe it serves, with its
 // split-K as the heuristic picks it and forced to 1 and 3, against the reference. T = 1 (down has 2048 of K: the
