@@ -8,7 +8,6 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernels/moe_activation_kernel.cuh"
-#include "cuda/kernels/moe_decode.cuh"
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/host_fallback.hpp"
@@ -61,112 +60,6 @@ std::string moe_gpu_path_refusal(const MoeArgs& args, bool allow_per_token) {
   return {};
 }
 
-namespace {
-
-// The two expert GEMMs' parameters without the per-call pointers (activation scales, outputs): what the choice of
-// kernel reads. gate_up: K = H, B rows 2I (or I without a gate); down: K = I, B rows H.
-GemmParams expert_gemm_params(const MoeArgs& args, bool gate_up, int64_t rows) {
-  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
-  const int64_t hidden = args.down.shape[1], inter = args.down.shape[2] * (fp4 ? 2 : 1);
-  const int64_t n = gate_up ? args.gate_up.shape[1] : hidden, k = gate_up ? hidden : inter;
-  const int promote_k = promotion_k(args.weight_recipe, args.activation_recipe);
-  GemmParams p;
-  p.m = static_cast<int>(rows);
-  p.n = static_cast<int>(n);
-  p.k = static_cast<int>(k);
-  p.promote_k = promote_k == 0 ? 128 : promote_k;
-  p.b_fp4 = fp4;
-  set_weight_scales(p, args.weight_recipe, gate_up ? args.gate_up_scale : args.down_scale, n, k);
-  set_bias(p, gate_up ? args.gate_up_bias : args.down_bias, n);
-  if (args.activation_recipe.granularity == ActGranularity::PerTokenGroup) p.a_group = args.activation_recipe.group_size;
-  return p;
-}
-
-// Rows per expert the decode path sizes its token tiles for (twice the mean over the experts that can have rows).
-int decode_rows_per_expert(int64_t rows, int num_experts) {
-  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(num_experts, rows));
-  return static_cast<int>(std::clamp<int64_t>(2 * ((rows + experts - 1) / experts), 1, 64));
-}
-
-}  // namespace
-
-bool moe_decode_path(const MoeArgs& args, int64_t rows) {
-  const int num_experts = static_cast<int>(args.gate_up.shape[0]);
-  const char* env = std::getenv("FINEGEMM_MOE_DECODE");
-  if (env && *env == '0') return false;
-  // Up to 32 rows per expert on average. Measured on the H200 (docs/gpu.md), layer time decode vs grouped path:
-  // DeepSeek-V3 T = 1 131 vs 185 µs, T = 128 2728 vs 4900, T = 1024 (32 rows per expert) 4263 vs 5205; Qwen3-30B-A3B
-  // T = 1 36 vs 99, T = 1024 (64 per expert) 640 vs 926.
-  const bool few_rows = rows <= 32 * int64_t{num_experts};
-  if (!(few_rows || (env && *env == '1'))) return false;
-  return decode_kernel_kind(expert_gemm_params(args, true, rows)) != DecodeKind::None &&
-         decode_kernel_kind(expert_gemm_params(args, false, rows)) != DecodeKind::None;
-}
-
-namespace {
-
-// The decode path: gate_up on the decode kernel over the experts with rows (F32 out, scales and bias applied), one
-// block per row for the activation and the intermediate's quantization (any activation recipe: per group, per row,
-// static per expert), then down with the routing weight, also on the decode kernel.
-void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream) {
-  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
-  const int64_t hidden = args.down.shape[1], inter = args.down.shape[2] * (fp4 ? 2 : 1);
-  const int64_t gate_up_rows = args.gate_up.shape[1];
-  const auto& act = args.activation_recipe;
-  const bool dynamic = !act.is_static(), per_token = act.granularity == ActGranularity::PerToken;
-  const int64_t rows = in.rows;
-  const int wn_rows = decode_rows_per_expert(rows, in.num_experts);
-
-  StreamScratch list(in.num_experts * 4, stream), count(4, stream);
-  moe_active_experts_kernel<<<1, kActiveExpertThreads, 0, stream>>>(in.expert_offsets, in.num_experts,
-                                                                    list.as<int32_t>(), count.as<int32_t>());
-  FG_CUDA_CHECK(cudaGetLastError());
-  DecodeGroups groups;
-  groups.list = list.as<int32_t>();
-  groups.list_count = count.as<int32_t>();
-  groups.offsets = in.expert_offsets;
-  groups.slots = static_cast<int>(std::min<int64_t>(in.num_experts, rows));
-  groups.num_groups = in.num_experts;
-
-  // gate_up: y_gu [rows, 2I] F32.
-  StreamScratch y_gu(rows * gate_up_rows * 4, stream);
-  {
-    GemmParams p = expert_gemm_params(args, true, rows);
-    set_activation_scales(p, act, in.x_scale, per_token ? 1 : (dynamic ? hidden / act.group_size : 0), 1, hidden,
-                          in.gate_up_act_scale);
-    p.out = y_gu.as<void>();
-    p.out_dtype = OutDType::F32;
-    p.ldo = gate_up_rows;
-    launch_sm90_decode_grouped(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], groups, wn_rows, p, stream);
-  }
-  // The activation and the intermediate's E4M3 codes and scales.
-  const int64_t h_scale_cols = dynamic && !per_token ? inter / act.group_size : 0;
-  StreamScratch h_q(rows * inter, stream),
-      h_scale(per_token ? rows * 4 : (dynamic ? rows * h_scale_cols * 4 : 16), stream);
-  {
-    const bool gated = moe_activation_has_gate(args.activation);
-    const MoeGateLayout layout = !gated                     ? MoeGateLayout::NoGate
-                                 : args.interleaved_gate_up ? MoeGateLayout::Interleaved
-                                                            : MoeGateLayout::Halves;
-    moe_act_quant_rows_kernel<<<static_cast<unsigned>(rows), kActQuantThreads, 0, stream>>>(
-        y_gu.as<float>(), gate_up_rows, inter, layout, static_cast<int>(args.activation), args.swiglu_limit,
-        args.swiglu_alpha, in.expert_offsets, in.num_experts, dynamic && !per_token ? act.group_size : 0,
-        act.pow2_scale, dynamic ? nullptr : in.down_act_scale, h_q.as<uint8_t>(), h_scale.as<float>());
-    FG_CUDA_CHECK(cudaGetLastError());
-  }
-  // down, times the routing weight: y [rows, H].
-  {
-    GemmParams p = expert_gemm_params(args, false, rows);
-    set_activation_scales(p, act, h_scale.as<float>(), per_token ? 1 : h_scale_cols, 1, inter, in.down_act_scale);
-    p.row_weight = in.row_weight;
-    p.out = y;
-    p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
-    p.ldo = hidden;
-    launch_sm90_decode_grouped(h_q.as<void>(), inter, args.down.data, args.down.strides[1], groups, wn_rows, p, stream);
-  }
-}
-
-}  // namespace
 
 void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream) {
   if (in.rows > 0 && moe_decode_path(args, in.rows)) return moe_expert_gemms_decode(args, in, y, y_f32, stream);

@@ -37,5 +37,7 @@ struct PermutedRows {
 // routing weight in its epilogue: y [rows, H] (F32 or BF16, rows scaled by their routing weight), in the rows'
 // order. Weights, scales, biases and the activation come from `args`; its hidden/top_k/out are not read.
 void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream);
+// The same on the decode path (moe_decode.cu); moe_expert_gemms calls it where moe_decode_path says so.
+void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream);
 
 }  // namespace finegemm::cuda
