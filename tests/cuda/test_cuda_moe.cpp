@@ -10,6 +10,7 @@
 #include "cli_util.hpp"
 #include "core/device_buffer.hpp"
 #include "cuda/runtime/moe.hpp"
+#include "testing.hpp"
 
 namespace finegemm {
 namespace {
@@ -202,19 +203,7 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
 }
 
 
-// Sets an environment variable for a scope ("" leaves it unset).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (*value) setenv(name, value, 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 // Which path the MoE block takes (host-side choice, no GPU needed: runs in CI): the decode path for every FP4
 // recipe and every block recipe whose scales hold over 128 of K, at decode sizes only (up to 32 rows per expert),

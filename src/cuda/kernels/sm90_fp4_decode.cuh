@@ -47,12 +47,14 @@ inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer 
 //   row:   [64] float, 2^e_max per row (the fold);
 //   flag:  uint32, whether the block folds (padded to 16 bytes per stage);
 // and the activation scales [kSteps][WN] float.
-template <int WN, int kStages, int kStageK, bool kFp8W = false>
+// kRows: weight rows per CTA, 64 (one consumer warpgroup) or, for E4M3 weights, 128 (two warpgroups sharing the
+// activation tile: FINEGEMM_DECODE_ROWS=128).
+template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows>
 struct Fp4DecodeSmem {
   static constexpr int kSteps = kStageK / 32;                     // wgmma k32 steps (MX groups) per stage
   static constexpr int kBlocks = kStageK / 128;                   // 128s of K per stage
   static constexpr int kStageX = WN * kStageK;                    // E4M3 activations: kStageK / 128 boxes of WN × 128
-  static constexpr int kStageW = kFp4DecodeRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
+  static constexpr int kStageW = kRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
   static constexpr int kBlockFold = 4 * kFp4DecodeRows * 8;
   static constexpr int kStageFold = kFp8W ? 0 : kBlocks * kBlockFold;
   static constexpr int kStageWords = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
@@ -65,9 +67,10 @@ struct Fp4DecodeSmem {
                                 3 * kStages * 8 + kFoldTable + 1024;
 };
 
-// Threads per CTA: the consumer warpgroup, the loader warp and (FP4 weights) the preparer warp.
-template <bool kFp8W>
-inline constexpr int kFp4DecodeThreads = kFp8W ? 160 : 192;
+// Threads per CTA: the consumer warpgroups (one per 64 weight rows), the loader warp and (FP4 weights) the preparer
+// warp.
+template <bool kFp8W, int kRows = kFp4DecodeRows>
+inline constexpr int kFp4DecodeThreads = 2 * kRows + (kFp8W ? 32 : 64);
 
 // Row d of the fold table (fp4_fold_table_word): x holds codes 0-3, y codes 4-7.
 __device__ __forceinline__ uint2 fp4_fold_table_row(int d) {
@@ -199,13 +202,15 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // and 128 of K (b_block_n % 64 == 0, b_block_k % 128 == 0). The weights are the wgmma's A from shared memory (no
 // expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
 // (loaded by the consumers before they wait for the stage) and the tokens' scales.
-template <int WN, int kStages, int kStageK, bool kFp8W = false>
+template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
-// Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91 registers, three CTAs per SM,
-// and M = 1 (N = 7168, K = 16384) from 37.5 to 41.7 µs.
-__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
-                                  WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1))
+// Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91
+// registers, three CTAs per SM, and M = 1 (N = 7168, K = 16384) from 37.5 to 41.7 µs.
+// 128 rows (nine warps): one CTA per SM asked; at WN = 64 two would cap the registers at 96 (five warps on some
+// sub-partition) and spill, where the kernel takes 113.
+__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
+                                  kRows == 128 ? 1 : (WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
                            int tiles) {
@@ -213,7 +218,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
   static_assert(!kFp8W || kStageK == 128, "E4M3 weights: 128 of K per stage (128-byte rows)");
-  using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W>;
+  static_assert(kRows == 64 || (kRows == 128 && kFp8W), "kRows: 64, or 128 with E4M3 weights");
+  using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows>;
+  constexpr int kConsumerWarps = kRows / 16;  // one warpgroup per 64 weight rows
+  constexpr int kLoaderWarp = kConsumerWarps, kPreparerWarp = kConsumerWarps + 1;
   using Mma = ptx::WgmmaFp8RegA<WN>;
   using MmaSmem = ptx::WgmmaFp8<WN>;
   constexpr int kAcc = WN / 2;
@@ -239,7 +247,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
   const int lane = threadIdx.x % 32;
   const int split = static_cast<int>(blockIdx.x) % split_k;
   const int tile = static_cast<int>(blockIdx.x) / split_k % tiles;
-  const int n0 = tile * kFp4DecodeRows;
+  const int n0 = tile * kRows;
   // Groups (MoE experts): this CTA's expert, its rows [row0, row0 + rows) of x and of the output, and its weights'
   // first row in B. An expert with more rows than WN runs them in chunks of WN (each streams the weights again: the
   // host picks WN for the rows an expert usually has). A slot past the listed experts has no work.
@@ -265,7 +273,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1 + 32);
-      ptx::mbar_init(&empty[s], p.decode_thread_release ? 128 : 4);
+      ptx::mbar_init(&empty[s], p.decode_thread_release ? 32 * kConsumerWarps : kConsumerWarps);
       ptx::mbar_init(&landed[s], 32);
     }
     ptx::fence_barrier_init();
@@ -279,7 +287,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
   const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
   const bool may_fold = word_scales && xgroup_mask == 3;
 
-  if (!kFp8W && warp == 5) {
+  if (!kFp8W && warp == kPreparerWarp) {
     // ---------------- Preparer warp (FP4 weights).
     for (int c = 0, i = 0; c < chunks; ++c) {
       for (int j = 0; j < kb_count; ++j, ++i) {
@@ -294,7 +302,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
     }
     return;
   }
-  if (warp == 4) {
+  if (warp == kLoaderWarp) {
     // ---------------- Loader warp: TMA for the tiles; cp.async for the scales, so that no lane ever waits on a
     // global load (a register-staged version, with its loads two stages ahead, streamed 0.57 TB/s: every stage
     // waited out a load latency).
@@ -380,9 +388,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
     return;
   }
 
-  // ---------------- Consumer warpgroup.
+  // ---------------- Consumer warpgroups (warpgroup wg: rows 64·wg .. 64·wg + 63 of the tile).
   const int g = lane >> 2, t = lane & 3;
   const int r0 = warp * 16 + g;  // this thread's rows: r0 and r0 + 8 of the tile
+  const int wg = kRows == 64 ? 0 : warp / 4;
   // Stages i = c·kb_count .. (c + 1)·kb_count - 1 hold chunk c (one chunk without groups).
   for (int c = 0; c < chunks; ++c) {
     const int i_begin = c * kb_count, i_end = i_begin + kb_count;
@@ -419,10 +428,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W>,
         const int kb = kb_begin + i - i_begin;
         // The tile's block scale for this stage, loaded before the wait so that its latency hides behind it.
         const float w_scale =
-            load_b_scale(p, group, n0 / p.b_block_n, min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
+            load_b_scale(p, group, (n0 + 64 * wg) / p.b_block_n, min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
         ptx::mbar_wait(&full[stage], (i / kStages) & 1);
         // One wgmma per step over the warpgroup's 64 rows: A (weights) and B (tokens) both from shared memory.
-        const uint64_t desc_w = ptx::make_desc_k_major_sw128(smem_w + stage * Smem::kStageW);
+        const uint64_t desc_w = ptx::make_desc_k_major_sw128(smem_w + stage * Smem::kStageW + wg * 64 * kGemmBlockK);
         const uint64_t desc_x = ptx::make_desc_k_major_sw128(smem_x + stage * Smem::kStageX);
         float acc[kAcc];
         ptx::wgmma_fence();

@@ -20,66 +20,66 @@ namespace {
 template <int WN, int kStageK, bool kFp8W>
 constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3));
 
-template <int WN, int kStageK, bool kFp8W>
+template <int WN, int kStageK, bool kFp8W, int kRows>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W, kRows>;
 }
 
-template <int WN, int kStageK, bool kFp8W>
+template <int WN, int kStageK, bool kFp8W, int kRows>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W, kRows>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN, int kStageK, bool kFp8W>
+template <int WN, int kStageK, bool kFp8W, int kRows>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W>();
-    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows>();
+    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kFp4DecodeThreads<kFp8W>, kSmem));
+    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kFp4DecodeThreads<kFp8W, kRows>, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
     ctas_per_sm[slot].store(ctas);
   }
   return ctas;
 }
 
-template <int kStageK, bool kFp8W>
+template <int kStageK, bool kFp8W, int kRows>
 int prepare(int wn, int device) {
   switch (wn) {
-    case 8: return prepare_kernel<8, kStageK, kFp8W>(device);
-    case 16: return prepare_kernel<16, kStageK, kFp8W>(device);
-    case 32: return prepare_kernel<32, kStageK, kFp8W>(device);
-    default: return prepare_kernel<64, kStageK, kFp8W>(device);
+    case 8: return prepare_kernel<8, kStageK, kFp8W, kRows>(device);
+    case 16: return prepare_kernel<16, kStageK, kFp8W, kRows>(device);
+    case 32: return prepare_kernel<32, kStageK, kFp8W, kRows>(device);
+    default: return prepare_kernel<64, kStageK, kFp8W, kRows>(device);
   }
 }
 
 int prepare(const Fp4DecodeConfig& c, int device) {
-  if (c.fp8_weights) return prepare<128, true>(c.wn, device);
-  return c.stage_k == 256 ? prepare<256, false>(c.wn, device) : prepare<128, false>(c.wn, device);
+  if (c.fp8_weights) return c.rows == 128 ? prepare<128, true, 128>(c.wn, device) : prepare<128, true, 64>(c.wn, device);
+  return c.stage_k == 256 ? prepare<256, false, 64>(c.wn, device) : prepare<128, false, 64>(c.wn, device);
 }
 
-template <int WN, int kStageK, bool kFp8W>
+template <int WN, int kStageK, bool kFp8W, int kRows>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
             const DecodeGroups& groups, cudaStream_t stream) {
   const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
   if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
-  fp4_decode_kernel<WN, kStageK, kFp8W>()<<<static_cast<unsigned>(ctas), kFp4DecodeThreads<kFp8W>,
-                                            fp4_decode_smem<WN, kStageK, kFp8W>(), stream>>>(
+  fp4_decode_kernel<WN, kStageK, kFp8W, kRows>()<<<static_cast<unsigned>(ctas), kFp4DecodeThreads<kFp8W, kRows>,
+                                                   fp4_decode_smem<WN, kStageK, kFp8W, kRows>(), stream>>>(
       x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
 }
 
-template <int kStageK, bool kFp8W>
+template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
             const DecodeGroups& groups, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W>(x, w, p, c, groups, stream);
-    case 16: return launch<16, kStageK, kFp8W>(x, w, p, c, groups, stream);
-    case 32: return launch<32, kStageK, kFp8W>(x, w, p, c, groups, stream);
-    default: return launch<64, kStageK, kFp8W>(x, w, p, c, groups, stream);
+    case 8: return launch<8, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
+    case 16: return launch<16, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
+    case 32: return launch<32, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
+    default: return launch<64, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
   }
 }
 
@@ -91,7 +91,13 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   Fp4DecodeConfig c;
   c.fp8_weights = fp8_weights;
   c.wn = fp4_decode_width(m);
-  c.tiles = ceil_div(n, kFp4DecodeRows);
+  c.rows = kFp4DecodeRows;
+  if (const char* forced = std::getenv("FINEGEMM_DECODE_ROWS"); forced && *forced && fp8_weights) {
+    c.rows = std::atoi(forced);
+    if (c.rows != 64 && c.rows != 128)
+      throw Error(std::string("FINEGEMM_DECODE_ROWS: expected 64 or 128, got '") + forced + "'");
+  }
+  c.tiles = ceil_div(n, c.rows);
   c.slots = slots;
   c.stage_k = 128;
   if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced && !fp8_weights) {
@@ -115,9 +121,9 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d\n",
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d rows=%d\n",
                  fp8_weights ? "fp8" : "fp4", m, n, k, slots, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split,
-                 c.swizzle ? 1 : 0);
+                 c.swizzle ? 1 : 0, c.rows);
   return c;
 }
 
@@ -133,7 +139,9 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   const int64_t w_rows = int64_t{p.n} * (groups.slots > 0 ? groups.num_groups : 1);
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
-    launch<128, true>(tma_x, make_tma_2d(b, w_rows, p.k, ldb, kFp4DecodeRows), p, c, groups, stream);
+    const CUtensorMap tma_w = make_tma_2d(b, w_rows, p.k, ldb, c.rows);
+    if (c.rows == 128) launch<128, true, 128>(tma_x, tma_w, p, c, groups, stream);
+    else launch<128, true>(tma_x, tma_w, p, c, groups, stream);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }

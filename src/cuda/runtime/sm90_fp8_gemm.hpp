@@ -41,6 +41,7 @@ struct Fp4DecodeConfig {
   int kb_per_split = 0;
   bool fp8_weights = false;  // E4M3 weights (FINEGEMM_FP8_DECODE=1)
   int stage_k = 128;  // K per pipeline stage: 128 or 256 (FINEGEMM_FP4_DECODE_STAGE_K)
+  int rows = 64;  // weight rows per CTA: 64, or 128 for E4M3 weights (FINEGEMM_DECODE_ROWS=128: two warpgroups)
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
 };
 int fp4_decode_width(int m);
