@@ -61,6 +61,30 @@ std::string moe_gpu_path_refusal(const MoeArgs& args, bool allow_per_token) {
 }
 
 
+// The expert GEMMs' common parameters (shapes, promotion, weight scales, bias; a_group for group scales):
+// gate_up: K = H, B rows 2I (or I without a gate); down: K = I, B rows H.
+GemmParams moe_expert_gemm_params(const MoeArgs& args, bool gate_up, int64_t rows) {
+  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
+  const int64_t hidden = args.down.shape[1], inter = args.down.shape[2] * (fp4 ? 2 : 1);
+  const int64_t n = gate_up ? args.gate_up.shape[1] : hidden, k = gate_up ? hidden : inter;
+  const int promote_k = promotion_k(args.weight_recipe, args.activation_recipe);
+  GemmParams p;
+  p.m = static_cast<int>(rows);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.promote_k = promote_k == 0 ? 128 : promote_k;
+  p.b_fp4 = fp4;
+  set_weight_scales(p, args.weight_recipe, gate_up ? args.gate_up_scale : args.down_scale, n, k);
+  set_bias(p, gate_up ? args.gate_up_bias : args.down_bias, n);
+  if (args.activation_recipe.granularity == ActGranularity::PerTokenGroup) p.a_group = args.activation_recipe.group_size;
+  return p;
+}
+
+MoeGateLayout moe_gate_layout(const MoeArgs& args) {
+  if (!moe_activation_has_gate(args.activation)) return MoeGateLayout::NoGate;
+  return args.interleaved_gate_up ? MoeGateLayout::Interleaved : MoeGateLayout::Halves;
+}
+
 void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream) {
   if (in.rows > 0 && moe_decode_path(args, in.rows)) return moe_expert_gemms_decode(args, in, y, y_f32, stream);
   const int64_t hidden = args.down.shape[1];
@@ -69,7 +93,6 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
   const int64_t inter = args.down.shape[2] * (fp4 ? 2 : 1);
   const int64_t gate_up_rows = args.gate_up.shape[1];
   const auto& act = args.activation_recipe;
-  const int promote_k = promotion_k(args.weight_recipe, act);
   const bool dynamic = !act.is_static();
   const int64_t rows = in.rows;
   if (rows == 0) return;
@@ -89,22 +112,14 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
     // applied), one kernel applies the activation, and the activation quantizer takes each row's amax.
     // NOTE: the intermediate reaches memory in F32 on this path only (the group and static recipes fuse it).
     StreamScratch y_gu(rows * gate_up_rows * 4, stream), h(rows * inter * 4, stream);
-    GemmParams p;
-    p.m = static_cast<int>(rows);
-    p.n = static_cast<int>(gate_up_rows);
-    p.k = static_cast<int>(hidden);
-    p.promote_k = promote_k == 0 ? 128 : promote_k;
-    p.b_fp4 = fp4;
+    GemmParams p = moe_expert_gemm_params(args, true, rows);
     set_activation_scales(p, act, in.x_scale, 1, 1, hidden, nullptr);
-    set_weight_scales(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
-    set_bias(p, args.gate_up_bias, gate_up_rows);
     p.out = y_gu.as<void>();
     p.out_dtype = OutDType::F32;
     p.ldo = gate_up_rows;
     launch_sm90_fp8_grouped_gemm(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], layout, Epilogue::Store,
                                  p, stream);
-    const MoeGateLayout gate_layout = !gated ? MoeGateLayout::NoGate
-                                             : (args.interleaved_gate_up ? MoeGateLayout::Interleaved : MoeGateLayout::Halves);
+    const MoeGateLayout gate_layout = moe_gate_layout(args);
     const int blocks = static_cast<int>(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16));
     moe_activation_kernel<<<blocks, 256, 0, stream>>>(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout,
                                                       static_cast<int>(args.activation), args.swiglu_limit,
@@ -113,15 +128,8 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
     launch_quantize_activations(h.as<void>(), DType::F32, rows, inter, act, h_q.as<uint8_t>(), h_scale.as<float>(),
                                 stream);
   } else {
-    GemmParams p;
-    p.m = static_cast<int>(rows);
-    p.n = static_cast<int>(gate_up_rows);
-    p.k = static_cast<int>(hidden);
-    p.promote_k = promote_k == 0 ? 128 : promote_k;
-    p.b_fp4 = fp4;
+    GemmParams p = moe_expert_gemm_params(args, true, rows);
     set_activation_scales(p, act, in.x_scale, x_scale_cols, 1, hidden, in.gate_up_act_scale);
-    set_weight_scales(p, args.weight_recipe, args.gate_up_scale, gate_up_rows, hidden);
-    set_bias(p, args.gate_up_bias, gate_up_rows);
     p.b_layout = !gated ? BLayout::Plain : (args.interleaved_gate_up ? BLayout::Interleaved : BLayout::GateUpHalves);
     p.gate_up_split = static_cast<int>(inter);
     p.act_kind = static_cast<int>(args.activation);
@@ -141,15 +149,8 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
 
   // down, times the routing weight: y [rows, H].
   {
-    GemmParams p;
-    p.m = static_cast<int>(rows);
-    p.n = static_cast<int>(hidden);
-    p.k = static_cast<int>(inter);
-    p.promote_k = promote_k == 0 ? 128 : promote_k;
-    p.b_fp4 = fp4;
+    GemmParams p = moe_expert_gemm_params(args, false, rows);
     set_activation_scales(p, act, h_scale.as<float>(), h_scale_cols, 1, inter, in.down_act_scale);
-    set_weight_scales(p, args.weight_recipe, args.down_scale, hidden, inter);
-    set_bias(p, args.down_bias, hidden);
     p.row_weight = in.row_weight;
     p.out = y;
     p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;

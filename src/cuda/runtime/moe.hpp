@@ -5,9 +5,12 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/kernels/gemm_params.cuh"
 #include "finegemm/moe.hpp"
 
 namespace finegemm::cuda {
+
+enum class MoeGateLayout : int;  // cuda/kernels/moe_activation.cuh
 
 // Empty when the sm_90a kernels serve `args` (moe_experts runs them); else why not, naming the argument
 // (moe_experts then runs the block on the host; the EP layer refuses it with this message).
@@ -37,6 +40,11 @@ struct PermutedRows {
 // routing weight in its epilogue: y [rows, H] (F32 or BF16, rows scaled by their routing weight), in the rows'
 // order. Weights, scales, biases and the activation come from `args`; its hidden/top_k/out are not read.
 void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream);
+// The expert GEMMs' common parameters: shapes, promotion, weight scales and bias (gate_up: K = H; down: K = I),
+// a_group for group activation scales; the callers add the activation scales and the output.
+GemmParams moe_expert_gemm_params(const MoeArgs& args, bool gate_up, int64_t rows);
+// Where a row's gate and up columns lie in the gate_up output (halves, interleaved, or no gate).
+MoeGateLayout moe_gate_layout(const MoeArgs& args);
 // The same on the decode path (moe_decode.cu); moe_expert_gemms calls it where moe_decode_path says so.
 void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream);
 

@@ -14,25 +14,6 @@ namespace finegemm::cuda {
 
 namespace {
 
-// The two expert GEMMs' parameters without the per-call pointers (activation scales, outputs): what the choice of
-// kernel reads. gate_up: K = H, B rows 2I (or I without a gate); down: K = I, B rows H.
-GemmParams expert_gemm_params(const MoeArgs& args, bool gate_up, int64_t rows) {
-  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
-  const int64_t hidden = args.down.shape[1], inter = args.down.shape[2] * (fp4 ? 2 : 1);
-  const int64_t n = gate_up ? args.gate_up.shape[1] : hidden, k = gate_up ? hidden : inter;
-  const int promote_k = promotion_k(args.weight_recipe, args.activation_recipe);
-  GemmParams p;
-  p.m = static_cast<int>(rows);
-  p.n = static_cast<int>(n);
-  p.k = static_cast<int>(k);
-  p.promote_k = promote_k == 0 ? 128 : promote_k;
-  p.b_fp4 = fp4;
-  set_weight_scales(p, args.weight_recipe, gate_up ? args.gate_up_scale : args.down_scale, n, k);
-  set_bias(p, gate_up ? args.gate_up_bias : args.down_bias, n);
-  if (args.activation_recipe.granularity == ActGranularity::PerTokenGroup) p.a_group = args.activation_recipe.group_size;
-  return p;
-}
-
 // Rows per expert the decode path sizes its token tiles for (twice the mean over the experts that can have rows).
 int decode_rows_per_expert(int64_t rows, int num_experts) {
   const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(num_experts, rows));
@@ -50,8 +31,8 @@ bool moe_decode_path(const MoeArgs& args, int64_t rows) {
   // T = 1 36 vs 99, T = 1024 (64 per expert) 640 vs 926.
   const bool few_rows = rows <= 32 * int64_t{num_experts};
   if (!(few_rows || (env && *env == '1'))) return false;
-  return decode_kernel_kind(expert_gemm_params(args, true, rows)) != DecodeKind::None &&
-         decode_kernel_kind(expert_gemm_params(args, false, rows)) != DecodeKind::None;
+  return decode_kernel_kind(moe_expert_gemm_params(args, true, rows)) != DecodeKind::None &&
+         decode_kernel_kind(moe_expert_gemm_params(args, false, rows)) != DecodeKind::None;
 }
 
 // The decode path: gate_up on the decode kernel over the experts with rows (F32 out, scales and bias applied), one
@@ -80,7 +61,7 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   // gate_up: y_gu [rows, 2I] F32.
   StreamScratch y_gu(rows * gate_up_rows * 4, stream);
   {
-    GemmParams p = expert_gemm_params(args, true, rows);
+    GemmParams p = moe_expert_gemm_params(args, true, rows);
     set_activation_scales(p, act, in.x_scale, per_token ? 1 : (dynamic ? hidden / act.group_size : 0), 1, hidden,
                           in.gate_up_act_scale);
     p.out = y_gu.as<void>();
@@ -93,10 +74,7 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   StreamScratch h_q(rows * inter, stream),
       h_scale(per_token ? rows * 4 : (dynamic ? rows * h_scale_cols * 4 : 16), stream);
   {
-    const bool gated = moe_activation_has_gate(args.activation);
-    const MoeGateLayout layout = !gated                     ? MoeGateLayout::NoGate
-                                 : args.interleaved_gate_up ? MoeGateLayout::Interleaved
-                                                            : MoeGateLayout::Halves;
+    const MoeGateLayout layout = moe_gate_layout(args);
     moe_act_quant_rows_kernel<<<static_cast<unsigned>(rows), kActQuantThreads, 0, stream>>>(
         y_gu.as<float>(), gate_up_rows, inter, layout, static_cast<int>(args.activation), args.swiglu_limit,
         args.swiglu_alpha, in.expert_offsets, in.num_experts, dynamic && !per_token ? act.group_size : 0,
@@ -105,7 +83,7 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   }
   // down, times the routing weight: y [rows, H].
   {
-    GemmParams p = expert_gemm_params(args, false, rows);
+    GemmParams p = moe_expert_gemm_params(args, false, rows);
     set_activation_scales(p, act, h_scale.as<float>(), per_token ? 1 : h_scale_cols, 1, inter, in.down_act_scale);
     p.row_weight = in.row_weight;
     p.out = y;
