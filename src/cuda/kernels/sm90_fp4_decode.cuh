@@ -202,7 +202,10 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // and 128 of K (b_block_n % 64 == 0, b_block_k % 128 == 0). The weights are the wgmma's A from shared memory (no
 // expansion); the four steps of a stage accumulate in the wgmma, promoted once per stage with the tile's block scale
 // (loaded by the consumers before they wait for the stage) and the tokens' scales.
-template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows>
+// kGrouped: MoE experts (DecodeGroups, chunks of WN rows per expert); without it one chunk of p.m ≤ WN rows, known at
+// compile time: the chunk loop in the dense kernel took FP4 at M = 1 (N = 7168, K = 16384) from 37.5 to 41.4 µs
+// even at the same registers and occupancy.
+template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
 // Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91
@@ -252,14 +255,14 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   // first row in B. An expert with more rows than WN runs them in chunks of WN (each streams the weights again: the
   // host picks WN for the rows an expert usually has). A slot past the listed experts has no work.
   int group = 0, row0 = 0, rows = p.m;
-  if (groups.slots > 0) {
+  if constexpr (kGrouped) {
     const int slot = static_cast<int>(blockIdx.x) / split_k / tiles;
     if (slot >= *groups.list_count) return;  // the whole CTA, before any barrier
     group = groups.list[slot];
     row0 = groups.offsets[group];
     rows = groups.offsets[group + 1] - row0;
   }
-  const int chunks = (rows + WN - 1) / WN;
+  const int chunks = kGrouped ? (rows + WN - 1) / WN : 1;
   const int w_row0 = group * p.n;  // the group's first row of B
   const int num_kb = (p.k + kStageK - 1) / kStageK;
   const int kb_begin = split * kb_per_split;
@@ -567,7 +570,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
       const int n = n0 + r0 + 8 * ((i >> 1) & 1);
       if (tok >= tok_count || n >= p.n) continue;
       const int row = tok0 + tok;
-      if (groups.slots == 0) {
+      if constexpr (!kGrouped) {
         if (p.workspace) {
           p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = total[i];
         } else {

@@ -17,17 +17,21 @@ namespace {
 // __launch_bounds__).
 // E4M3 weights (8 KB per stage): 6 stages at WN ≤ 16, 4 at 32 and 64.
 // Half the stages (twice the CTAs per SM) measured the same (51.8 vs 51.2 µs at M = 1, N = 7168, K = 16384).
-template <int WN, int kStageK, bool kFp8W>
-constexpr int kFp4DecodeStages = kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3));
+// 128-row CTAs (E4M3 weights; one CTA per SM, registers): as many stages as fit in about 216 KB, at most 10: with 4
+// (64 KB of weights in flight on the SM) M = 64 took 66.9 µs against the 64-row kernel's 56.6 (N = 7168, K = 16384).
+template <int WN, int kStageK, bool kFp8W, int kRows = kFp4DecodeRows>
+constexpr int kFp4DecodeStages =
+    kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
+                 : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
-template <int WN, int kStageK, bool kFp8W, int kRows>
+template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W, kRows>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows, kGrouped>;
 }
 
 template <int WN, int kStageK, bool kFp8W, int kRows>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W>, kStageK, kFp8W, kRows>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
@@ -37,9 +41,13 @@ int prepare_kernel(int device) {
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false>();
     constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    // The grouped kernel (MoE experts): 128 of K per stage and 64 rows only (choose_fp4_decode_config).
+    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows)
+      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kFp4DecodeThreads<kFp8W, kRows>, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
     ctas_per_sm[slot].store(ctas);
@@ -67,9 +75,18 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
             const DecodeGroups& groups, cudaStream_t stream) {
   const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
   if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
-  fp4_decode_kernel<WN, kStageK, kFp8W, kRows>()<<<static_cast<unsigned>(ctas), kFp4DecodeThreads<kFp8W, kRows>,
-                                                   fp4_decode_smem<WN, kStageK, kFp8W, kRows>(), stream>>>(
-      x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+  const unsigned grid = static_cast<unsigned>(ctas);
+  constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows>, kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
+  if (groups.slots == 0) {
+    fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false>()<<<grid, kThreads, kSmem, stream>>>(
+        x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+  } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows) {
+    fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>()<<<grid, kThreads, kSmem, stream>>>(
+        x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+  } else {
+    throw Error("fp4 decode gemm: grouped (MoE) launches take 128 of K per stage and 64-row CTAs, got stage_k=" +
+                std::to_string(kStageK) + " rows=" + std::to_string(kRows));
+  }
 }
 
 template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows>
@@ -92,7 +109,8 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.fp8_weights = fp8_weights;
   c.wn = fp4_decode_width(m);
   c.rows = kFp4DecodeRows;
-  if (const char* forced = std::getenv("FINEGEMM_DECODE_ROWS"); forced && *forced && fp8_weights) {
+  // The grouped kernel (slots > 0) exists for 64 rows and 128 of K per stage only: the switches below are dense-only.
+  if (const char* forced = std::getenv("FINEGEMM_DECODE_ROWS"); forced && *forced && fp8_weights && slots == 0) {
     c.rows = std::atoi(forced);
     if (c.rows != 64 && c.rows != 128)
       throw Error(std::string("FINEGEMM_DECODE_ROWS: expected 64 or 128, got '") + forced + "'");
@@ -100,7 +118,7 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.tiles = ceil_div(n, c.rows);
   c.slots = slots;
   c.stage_k = 128;
-  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced && !fp8_weights) {
+  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced && !fp8_weights && slots == 0) {
     c.stage_k = std::atoi(forced);
     if (c.stage_k != 128 && c.stage_k != 256)
       throw Error(std::string("FINEGEMM_FP4_DECODE_STAGE_K: expected 128 or 256, got '") + forced + "'");
