@@ -495,14 +495,18 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
   }
   if (!gpu) return;
   // The decode kernel without split-K (the epilogue stores y), with a forced split of 3 (partials and the reduce),
-  // with unswizzled weight tiles, and with 256 of K per stage (128-byte weight rows), swizzled and not.
+  // with unswizzled weight tiles, with 256 of K per stage (128-byte weight rows), swizzled and not, and without the
+  // preparer warp (FINEGEMM_FP4_DECODE_DIRECT=1).
   using Env = std::pair<const char*, std::string>;
   for (const auto& [first, second] : std::vector<std::pair<Env, Env>>{
            {{"FINEGEMM_FP4_DECODE_SPLIT", "1"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", ""}},
            {{"FINEGEMM_FP4_DECODE_SPLIT", "3"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", ""}},
            {{"FINEGEMM_FP4_DECODE_SPLIT", ""}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}},
            {{"FINEGEMM_FP4_DECODE_STAGE_K", "256"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
-           {{"FINEGEMM_FP4_DECODE_STAGE_K", "256"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}}}) {
+           {{"FINEGEMM_FP4_DECODE_STAGE_K", "256"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}},
+           // No preparer: the consumers decode the scales and promote every 32 of K (no fold).
+           {{"FINEGEMM_FP4_DECODE_DIRECT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
+           {{"FINEGEMM_FP4_DECODE_DIRECT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
     const ScopedEnv a(first.first, first.second), b(second.first, second.second);
     check_exact(target, gpu, name + " (" + first.first + "=" + first.second + " " + second.first + "=" + second.second + ")", w);
   }
@@ -918,10 +922,17 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     moe_experts(a, {Backend::Reference});
     Buffer out_shape(v.out, {tokens, hidden});
     a.out = out_shape;
-    const Buffer out = run_moe(a, target());
-    const auto cmp = testing::compare(out, ref);
-    EXPECT_EQ(cmp.non_finite, 0);
-    EXPECT_LE(cmp.rel, kMoeTolerance);
+    // On the GPU the experts (about 12 rows each) take the decode kernel: with the preparer warp and without it
+    // (FINEGEMM_FP4_DECODE_DIRECT=1).
+    for (const char* direct : {"", "1"}) {
+      if (*direct && !gpu()) continue;
+      SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + direct);
+      const ScopedEnv scope("FINEGEMM_FP4_DECODE_DIRECT", direct);
+      const Buffer out = run_moe(a, target());
+      const auto cmp = testing::compare(out, ref);
+      EXPECT_EQ(cmp.non_finite, 0);
+      EXPECT_LE(cmp.rel, kMoeTolerance);
+    }
     double ref_norm = 0;
     for (int64_t i = 0; i < ref.numel(); ++i) ref_norm += std::fabs(testing::get(ref, i));
     EXPECT_GT(ref_norm, 0.0) << "self-check: the reference output is not all zero";

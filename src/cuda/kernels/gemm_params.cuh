@@ -44,6 +44,9 @@ struct GemmParams {
   // The decode kernel (sm90_fp4_decode.cuh): every consumer thread releases a stage itself (128 arrivals), not one
   // lane per warp after __syncwarp (4); FINEGEMM_DECODE_THREAD_RELEASE=0 turns it off (comparisons).
   bool decode_thread_release = true;
+  // The decode kernel with FP4 weights: no preparer warp; the consumers decode the weight scales themselves and run
+  // every 32 of K as its own wgmma, promoted with its group's scale (FINEGEMM_FP4_DECODE_DIRECT=1; off until measured).
+  bool fp4_decode_direct = false;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -121,6 +121,22 @@ __device__ __forceinline__ void store_one(const GemmParams& p, int row, int col,
   }
 }
 
+// Four UE8M0 scales (one byte each, group j in byte j) as floats, exactly (ue8m0_bits_to_float): the common case,
+// no byte 0 or 255, takes a shift and a mask per scale.
+__device__ __forceinline__ void ue8m0x4_to_float(uint32_t w, float (&out)[4]) {
+  const uint32_t has_zero = (w - 0x01010101u) & ~w & 0x80808080u;
+  const uint32_t has_ff = (~w - 0x01010101u) & w & 0x80808080u;
+  if ((has_zero | has_ff) == 0u) {
+    out[0] = __uint_as_float((w << 23) & 0x7F800000u);
+    out[1] = __uint_as_float((w << 15) & 0x7F800000u);
+    out[2] = __uint_as_float((w << 7) & 0x7F800000u);
+    out[3] = __uint_as_float((w >> 1) & 0x7F800000u);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = ue8m0_bits_to_float((w >> (8 * j)) & 0xFFu);
+  }
+}
+
 template <int N>
 __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 #pragma unroll
@@ -290,7 +306,11 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
   const bool may_fold = word_scales && xgroup_mask == 3;
 
+  // Direct (p.fp4_decode_direct): the preparer warp exits at once; the loader's copies complete the full barrier and
+  // the consumers decode the scales themselves (per-step promotion).
+  const bool direct = !kFp8W && p.fp4_decode_direct;
   if (!kFp8W && warp == kPreparerWarp) {
+    if (direct) return;
     // ---------------- Preparer warp (FP4 weights).
     for (int c = 0, i = 0; c < chunks; ++c) {
       for (int j = 0; j < kb_count; ++j, ++i) {
@@ -384,7 +404,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
             }
           }
         }
-        ptx::cp_async_mbar_arrive_noinc(kFp8W ? &full[stage] : &landed[stage]);
+        ptx::cp_async_mbar_arrive_noinc(kFp8W || direct ? &full[stage] : &landed[stage]);
       }
     }
     ptx::cp_async_wait_all();  // no copy outlives its thread
@@ -497,7 +517,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
           for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
           const uint2* tab = reinterpret_cast<const uint2*>(fold_area + q * Smem::kBlockFold);      // [4][64]
           const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
-          if (flags[q] != 0u) {
+          if (!direct && flags[q] != 0u) {
             uint32_t a[4][4];
 #pragma unroll
             for (int j = 0; j < 4; ++j)
@@ -525,10 +545,31 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
             }
           } else {
             float wsc[2][4];  // per row and step: the group's scale (0 past K)
+            if (direct) {
+              // The loader's copies as they are: words of four UE8M0 scales per row, or floats per group (the K
+              // tail's groups past the last scale read the last one: zeroed here, their codes are zero-filled).
+              const int valid = p.b_scale_cols - ((kb_begin + i - i_begin) * kBlocks + q) * 4;
+              const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+              for (int h = 0; h < 2; ++h) {
+                if (word_scales) {
+                  ue8m0x4_to_float(words[r0 + 8 * h], wsc[h]);
+                } else {
 #pragma unroll
-              for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+                  for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+                }
+                if (valid < 4) {
+#pragma unroll
+                  for (int j = 0; j < 4; ++j)
+                    if (j >= valid) wsc[h][j] = 0.0f;
+                }
+              }
+            } else {
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+            }
             float sum[kAcc];
 #pragma unroll
             for (int b = 0; b < 4; b += kPar) {

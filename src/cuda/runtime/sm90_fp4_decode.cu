@@ -153,6 +153,7 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   prepare(c, device);
   GemmParams p = params;
   p.decode_thread_release = env_switch("FINEGEMM_DECODE_THREAD_RELEASE", true);
+  p.fp4_decode_direct = env_switch("FINEGEMM_FP4_DECODE_DIRECT", false);
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
   const int64_t w_rows = int64_t{p.n} * (groups.slots > 0 ? groups.num_groups : 1);
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
