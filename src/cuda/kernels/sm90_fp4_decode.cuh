@@ -143,6 +143,20 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+// A role's position in the stage ring: the stage and the parity of its barriers' current phase, advanced by one
+// stage at a time (no division by kStages per stage: ncu counted them among the consumers' per-stage overhead).
+template <int kStages>
+struct RingPosition {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
 // Whether the weight scales are staged as 32-bit words of four groups (UE8M0 bytes or packed UE8M0) rather than one
 // float per group. UE8M0 bytes need 4-byte aligned rows of a multiple of 4 groups (fp4_decode_scales_ok, host).
 __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { return p.b_scale_fmt != ScaleFmt::F32; }
@@ -312,10 +326,11 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   if (!kFp8W && warp == kPreparerWarp) {
     if (direct) return;
     // ---------------- Preparer warp (FP4 weights).
-    for (int c = 0, i = 0; c < chunks; ++c) {
-      for (int j = 0; j < kb_count; ++j, ++i) {
-        const int stage = i % kStages;
-        ptx::mbar_wait(&landed[stage], (i / kStages) & 1);
+    RingPosition<kStages> ring;
+    for (int c = 0; c < chunks; ++c) {
+      for (int j = 0; j < kb_count; ++j, ring.advance()) {
+        const int stage = ring.stage;
+        ptx::mbar_wait(&landed[stage], ring.phase);
         fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + j, lane, fold_tab,
                                            smem_fold + stage * Smem::kStageFold,
                                            smem_words + stage * kBlocks * kFp4DecodeRows,
@@ -354,17 +369,18 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
     const int x_last = p.a_scale_cols - 1;
     const bool x_pow2 = (p.a_group & (p.a_group - 1)) == 0 && p.a_group >= 32;
     const int x_shift = x_pow2 ? __ffs(p.a_group) - 6 : 0;
+    RingPosition<kStages> ring;
     for (int c = 0, i = 0; c < chunks; ++c) {
       // The chunk's tokens: rows tok0.. of x (its last one repeated for the scales of the columns past it).
       const int tok0 = row0 + c * WN, tok_last = min(WN, rows - c * WN) - 1;
       const float* x_row[2] = {
           p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane, tok_last)) * p.a_scale_stride_m : nullptr,
           p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane + 32, tok_last)) * p.a_scale_stride_m : nullptr};
-      for (int j_kb = 0; j_kb < kb_count; ++j_kb, ++i) {
+      for (int j_kb = 0; j_kb < kb_count; ++j_kb, ++i, ring.advance()) {
         const int kb = kb_begin + j_kb;
-        const int stage = i % kStages;
+        const int stage = ring.stage;
         const int step0 = kb * kSteps;
-        if (i >= kStages) ptx::mbar_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
+        if (i >= kStages) ptx::mbar_wait(&empty[stage], ring.phase ^ 1u);
         if (lane == 0) {
           // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
           ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + Smem::kStageW);
@@ -395,10 +411,12 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
               ptx::cp_async_4(ws + (st / 4) * (Smem::kBlockFold / 4) + (st % 4) * kFp4DecodeRows + lane + 32 * h,
                               src + min(step0 + st, p.b_scale_cols - 1));
           }
-          // Activation scales [kSteps][WN] (none without a_scale: the consumers use 1).
+          // Activation scales [kSteps][WN] (none without a_scale: the consumers use 1), at the first step of each
+          // activation group only (the consumers read them there): one per 128 of K with groups of 128 or more.
           if (p.a_scale && lane + 32 * h < WN) {
 #pragma unroll
             for (int st = 0; st < kSteps; ++st) {
+              if (st & xgroup_mask) continue;
               const int xg = min(x_pow2 ? (step0 + st) >> x_shift : (step0 + st) * 32 / p.a_group, x_last);
               ptx::cp_async_4(xs + st * WN + lane + 32 * h, x_row[h] + static_cast<int64_t>(xg) * p.a_scale_stride_k);
             }
@@ -416,6 +434,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   const int r0 = warp * 16 + g;  // this thread's rows: r0 and r0 + 8 of the tile
   const int wg = kRows == 64 ? 0 : warp / 4;
   // Stages i = c·kb_count .. (c + 1)·kb_count - 1 hold chunk c (one chunk without groups).
+  RingPosition<kStages> ring;
+  // The descriptors of stage 0's tiles; stage s's start kStageX · s (kStageW · s) bytes on, in the 16-byte units of
+  // the descriptor's address field (shared memory stays below 256 KB, so the field never carries).
+  const uint64_t desc_x0 = ptx::make_desc_k_major_sw128(smem_x);
   for (int c = 0; c < chunks; ++c) {
     const int i_begin = c * kb_count, i_end = i_begin + kb_count;
     float total[kAcc];
@@ -436,7 +458,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
       if (((s + 1) & xgroup_mask) == 0) {
 #pragma unroll
         for (int j = 0; j < WN / 8; ++j) {
-          const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + s * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+          const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + (s & ~xgroup_mask) * WN + 8 * j + 2 * t)
+                                      : make_float2(1.0f, 1.0f);
           total[4 * j + 0] = fmaf(sum[4 * j + 0], xv.x, total[4 * j + 0]);
           total[4 * j + 1] = fmaf(sum[4 * j + 1], xv.y, total[4 * j + 1]);
           total[4 * j + 2] = fmaf(sum[4 * j + 2], xv.x, total[4 * j + 2]);
@@ -446,16 +469,17 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
     };
 
     if constexpr (kFp8W) {
-      for (int i = i_begin; i < i_end; ++i) {
-        const int stage = i % kStages;
+      const uint64_t desc_w0 = ptx::make_desc_k_major_sw128(smem_w + wg * 64 * kGemmBlockK);
+      for (int i = i_begin; i < i_end; ++i, ring.advance()) {
+        const int stage = ring.stage;
         const int kb = kb_begin + i - i_begin;
         // The tile's block scale for this stage, loaded before the wait so that its latency hides behind it.
         const float w_scale =
             load_b_scale(p, group, (n0 + 64 * wg) / p.b_block_n, min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
-        ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+        ptx::mbar_wait(&full[stage], ring.phase);
         // One wgmma per step over the warpgroup's 64 rows: A (weights) and B (tokens) both from shared memory.
-        const uint64_t desc_w = ptx::make_desc_k_major_sw128(smem_w + stage * Smem::kStageW + wg * 64 * kGemmBlockK);
-        const uint64_t desc_x = ptx::make_desc_k_major_sw128(smem_x + stage * Smem::kStageX);
+        const uint64_t desc_w = desc_w0 + static_cast<uint32_t>(stage * (Smem::kStageW >> 4));
+        const uint64_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
         float acc[kAcc];
         ptx::wgmma_fence();
 #pragma unroll
@@ -498,17 +522,17 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
         for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
       // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
       const uint2 plain_tab = fold_tab[0];
-      for (int i = i_begin; i < i_end; ++i) {
-        const int stage = i % kStages;
-        ptx::mbar_wait(&full[stage], (i / kStages) & 1);
+      for (int i = i_begin; i < i_end; ++i, ring.advance()) {
+        const int stage = ring.stage;
+        ptx::mbar_wait(&full[stage], ring.phase);
         const uint8_t* wt = smem_w + stage * Smem::kStageW;
         const uint8_t* fold_area = smem_fold + stage * Smem::kStageFold;
         const float* rs = smem_rs + stage * kBlocks * kFp4DecodeRows;
         const uint32_t* flags = smem_flags + stage * 4;
         const float* xs = smem_xs + stage * kSteps * WN;
-        const uint8_t* xt = smem_x + stage * Smem::kStageX;
+        const uint64_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
         auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
-          return ptx::make_desc_k_major_sw128(xt + (s / 4) * WN * kGemmBlockK) + ((s % 4) * 32 >> 4);
+          return desc_x + static_cast<uint32_t>(((s / 4) * WN * kGemmBlockK + (s % 4) * 32) >> 4);
         };
 #pragma unroll
         for (int q = 0; q < kBlocks; ++q) {
