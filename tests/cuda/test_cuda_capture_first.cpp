@@ -1,12 +1,14 @@
 // The first finegemm CUDA call of a process inside CUDA graph capture: the per-device scratch pool is created while
 // the stream captures (its own program, so that no earlier test has created it). A linear call that quantizes its
 // activations (stream-ordered scratch) is captured, replayed into a poisoned output and checked against the
-// reference; a second replay gives the same bits.
+// reference; a second replay gives the same bits. Then the same with programmatic dependent launch (FINEGEMM_PDL=1).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "cli_util.hpp"
 #include "finegemm/finegemm.hpp"
@@ -18,41 +20,48 @@ TEST(CudaCaptureFirst, LinearCapturedBeforeAnyEagerCall) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(std::random_device{}());
   const NamedRecipe recipe{"block128x128 x group128", WeightRecipe::block(), ActivationRecipe::per_token_group(128)};
-  for (int64_t m : {1, 300}) {
-    const tools::LinearData data = tools::make_linear(rng, recipe, {m, 512, 1024, false, DType::BF16});
-    const LinearArgs host_args = data.args(data.out.view);
-    tools::HostTensor ref(DType::F32, {m, 512});
-    LinearArgs ref_args = host_args;
-    ref_args.out = ref.view;
-    linear(ref_args, {Backend::Reference});
+  // The second pass captures the decode kernel (M = 1) launched with programmatic dependent launch after the
+  // activation quantization (FINEGEMM_PDL=1): a programmatic edge inside the graph.
+  for (const char* pdl : {"0", "1"}) {
+    setenv("FINEGEMM_PDL", pdl, 1);
+    SCOPED_TRACE(std::string("FINEGEMM_PDL=") + pdl);
+    for (int64_t m : {1, 300}) {
+      const tools::LinearData data = tools::make_linear(rng, recipe, {m, 512, 1024, false, DType::BF16});
+      const LinearArgs host_args = data.args(data.out.view);
+      tools::HostTensor ref(DType::F32, {m, 512});
+      LinearArgs ref_args = host_args;
+      ref_args.out = ref.view;
+      linear(ref_args, {Backend::Reference});
 
-    tools::HostTensor out(DType::BF16, {m, 512}), again(DType::BF16, {m, 512});
-    tools::poison(out.view);
-    tools::poison(again.view);
-    tools::DeviceRun gpu(Backend::Cuda);
-    LinearArgs args = gpu.upload(host_args);
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    linear(args, {Backend::Cuda, stream});
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (tools::HostTensor* dst : {&out, &again}) {
-      ASSERT_EQ(cudaMemsetAsync(args.out.data, 0xFF, static_cast<size_t>(m) * 512 * 2, stream), cudaSuccess);
-      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      gpu.download(args.out, dst->view);
+      tools::HostTensor out(DType::BF16, {m, 512}), again(DType::BF16, {m, 512});
+      tools::poison(out.view);
+      tools::poison(again.view);
+      tools::DeviceRun gpu(Backend::Cuda);
+      LinearArgs args = gpu.upload(host_args);
+      cudaStream_t stream;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      linear(args, {Backend::Cuda, stream});
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (tools::HostTensor* dst : {&out, &again}) {
+        ASSERT_EQ(cudaMemsetAsync(args.out.data, 0xFF, static_cast<size_t>(m) * 512 * 2, stream), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        gpu.download(args.out, dst->view);
+      }
+      const auto cmp = tools::compare(out.view, ref.view);
+      EXPECT_EQ(cmp.non_finite, 0) << "M=" << m;
+      EXPECT_LE(cmp.rel, 3e-3) << "M=" << m;
+      EXPECT_EQ(0, std::memcmp(out.view.data, again.view.data, static_cast<size_t>(m) * 512 * 2)) << "M=" << m;
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
     }
-    const auto cmp = tools::compare(out.view, ref.view);
-    EXPECT_EQ(cmp.non_finite, 0) << "M=" << m;
-    EXPECT_LE(cmp.rel, 3e-3) << "M=" << m;
-    EXPECT_EQ(0, std::memcmp(out.view.data, again.view.data, static_cast<size_t>(m) * 512 * 2)) << "M=" << m;
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   }
+  unsetenv("FINEGEMM_PDL");
 }
 
 }  // namespace

@@ -506,7 +506,10 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            {{"FINEGEMM_FP4_DECODE_STAGE_K", "256"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}},
            // No preparer: the consumers decode the scales and promote every 32 of K (no fold).
            {{"FINEGEMM_FP4_DECODE_DIRECT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
-           {{"FINEGEMM_FP4_DECODE_DIRECT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
+           {{"FINEGEMM_FP4_DECODE_DIRECT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           // Programmatic dependent launch after the activation quantization, with and without split-K.
+           {{"FINEGEMM_PDL", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
+           {{"FINEGEMM_PDL", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
     const ScopedEnv a(first.first, first.second), b(second.first, second.second);
     check_exact(target, gpu, name + " (" + first.first + "=" + first.second + " " + second.first + "=" + second.second + ")", w);
   }

@@ -150,17 +150,21 @@ TEST_F(CudaTest, Fp8WeightsInTheDecodeKernel) {
       if (recipe.activation.granularity == ActGranularity::PerTokenGroup && k % recipe.activation.group_size != 0) continue;
       LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, m % 2 == 1);
       const Buffer ref = run_reference(c.args, DType::F32, m, n);
-      // 64-row CTAs, and 128-row CTAs (two consumer warpgroups, FINEGEMM_DECODE_ROWS=128; N tails inside a tile).
+      // 64-row CTAs, and 128-row CTAs (two consumer warpgroups, FINEGEMM_DECODE_ROWS=128; N tails inside a tile);
+      // each also launched after the activation quantization with programmatic dependent launch (FINEGEMM_PDL=1:
+      // the first stages' weights are requested before the kernel waits for the quantization).
       for (const char* rows : {"", "128"})
-        for (const char* split : {"", "1", "3"}) {
-          const ScopedEnv forced_rows("FINEGEMM_DECODE_ROWS", rows);
-          const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
-          const auto cmp = testing::compare(run_on_gpu(c.args), ref);
-          EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " split=" << split
-                                       << " rows=" << rows;
-          EXPECT_LE(cmp.rel, tolerance(DType::F32)) << recipe.name << " M=" << m << " N=" << n << " K=" << k
-                                                    << " split=" << split << " rows=" << rows;
-        }
+        for (const char* split : {"", "1", "3"})
+          for (const char* pdl : {"", "1"}) {
+            const ScopedEnv forced_rows("FINEGEMM_DECODE_ROWS", rows);
+            const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+            const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
+            const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+            EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " split=" << split
+                                         << " rows=" << rows << " pdl=" << pdl;
+            EXPECT_LE(cmp.rel, tolerance(DType::F32)) << recipe.name << " M=" << m << " N=" << n << " K=" << k
+                                                      << " split=" << split << " rows=" << rows << " pdl=" << pdl;
+          }
     }
   }
   EXPECT_GE(served, 4) << "all_recipes() lost the block recipes the decode kernel serves";

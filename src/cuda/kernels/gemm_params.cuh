@@ -47,6 +47,11 @@ struct GemmParams {
   // The decode kernel with FP4 weights: no preparer warp; the consumers decode the weight scales themselves and run
   // every 32 of K as its own wgmma, promoted with its group's scale (FINEGEMM_FP4_DECODE_DIRECT=1; off until measured).
   bool fp4_decode_direct = false;
+  // Programmatic dependent launch (FINEGEMM_PDL=1; off until measured): the dense decode kernel was launched with
+  // programmatic stream serialization, so its loader streams the first stages' weights (which no earlier kernel
+  // writes) before griddepcontrol.wait; everything else waits for the previous kernel (the activation quantization)
+  // to complete. The split-K reduce is then launched the same way.
+  bool pdl = false;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

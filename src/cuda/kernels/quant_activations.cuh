@@ -215,11 +215,21 @@ __device__ __forceinline__ uint2 quantize8_by_reciprocal(const float (&v)[8], fl
 // a warp's two loads covers whole 32-byte sectors. Both loads are issued before the first use.
 // NOTE: a single 16-byte load per thread left group-128 at 75% of the copy bandwidth; 4 vectors per thread (32
 // floats held) measured 0.70.
+// Every quantization kernel lets a kernel launched after it with programmatic stream serialization (the decode GEMM
+// under FINEGEMM_PDL=1) start at once: that kernel waits (griddepcontrol.wait) for this one to complete before it
+// reads the activations; without such a launch this is a no-op.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
 template <typename T, int kGroup, bool kPow2>
 __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel(const T* __restrict__ x,
                                                                                  uint8_t* __restrict__ x_q,
                                                                                  float* __restrict__ x_scale,
                                                                                  int num_vectors) {
+  allow_dependent_launch();
   static_assert(kGroup == 32 || kGroup == 64 || kGroup == 128, "kGroup: 32, 64 or 128");
   constexpr int kLanes = kGroup / 16;
   const int lane_in_group = threadIdx.x % kLanes;
@@ -268,6 +278,7 @@ __global__ void __launch_bounds__(kTokenMaxThreads) quant_per_token_kernel(const
                                                                            uint8_t* __restrict__ x_q,
                                                                            float* __restrict__ x_scale, int64_t m,
                                                                            int k, int threads_per_row) {
+  allow_dependent_launch();
   const int vecs = k / 8;
   const int lane = threadIdx.x % threads_per_row;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / threads_per_row) + threadIdx.x / threads_per_row;
@@ -314,6 +325,7 @@ __global__ void __launch_bounds__(kTokenMaxThreads) quant_per_token_kernel(const
 template <typename T, bool kPow2>
 __global__ void quant_per_token_two_pass_kernel(const T* __restrict__ x, uint8_t* __restrict__ x_q,
                                                 float* __restrict__ x_scale, int k) {
+  allow_dependent_launch();
   const int64_t row = blockIdx.x;
   const T* xr = x + row * k;
   const int vecs = k / 8;
@@ -352,6 +364,7 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_static_kernel(const T*
                                                                         uint8_t* __restrict__ x_q,
                                                                         const float* __restrict__ scale,
                                                                         int num_vectors) {
+  allow_dependent_launch();
   const float s = *scale;
   const float r = reciprocal_of_scale<false>(s);
   const int chunk = 2 * blockDim.x;

@@ -5,7 +5,12 @@
 namespace finegemm::cuda {
 
 // Split-K finish: out = Σ_split part[split] (in order: deterministic) · row · col scales + bias.
+// Launched with programmatic stream serialization (p.pdl), it may start before the GEMM that writes the partials has
+// finished: griddepcontrol.wait (a no-op otherwise) holds it until then.
 __global__ void splitk_reduce_kernel(const GemmParams p, int split_k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
   const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -49,6 +49,29 @@ inline CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int6
   return map;
 }
 
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `programmatic` (the
+// kernel may start before the previous one in the stream completes, and must griddepcontrol.wait before it reads that
+// kernel's output).
+template <typename... Params, typename... Args>
+inline void launch_programmatic(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, Args&&... args) {
+  if (!programmatic) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    return;
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 // A comparison switch: the variable's value '1' or '0' turns the feature on or off; unset (or anything else) keeps
 // its default.
 inline bool env_switch(const char* name, bool default_on) {

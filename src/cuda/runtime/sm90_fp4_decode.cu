@@ -78,8 +78,8 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
   const unsigned grid = static_cast<unsigned>(ctas);
   constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows>, kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
   if (groups.slots == 0) {
-    fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false>()<<<grid, kThreads, kSmem, stream>>>(
-        x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+    launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false>(), grid, kThreads, kSmem, stream, x, w,
+                        p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
   } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows) {
     fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>()<<<grid, kThreads, kSmem, stream>>>(
         x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);

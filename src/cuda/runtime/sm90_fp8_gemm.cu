@@ -224,6 +224,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
                                      : Fp4DecodeConfig{};
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (fp4_decode || fp8_decode) c.split_k = decode.split_k;
+  // Programmatic dependent launch of the decode kernel and its split-K reduce (GemmParams::pdl; off until measured).
+  p.pdl = (fp4_decode || fp8_decode) && env_switch("FINEGEMM_PDL", false);
   if (p.b_fp4) {
     c.stages = 0;  // set by the FP4 dispatch
     // FP4 kernels: 64 or 128 rows and columns, no clusters.
@@ -272,7 +274,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
 void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream) {
   const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
   const int blocks = static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
-  splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(p, split_k);
+  launch_programmatic(p.pdl, splitk_reduce_kernel, blocks, 256, 0, stream, p, split_k);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
