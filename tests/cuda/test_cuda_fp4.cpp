@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device_buffer.hpp"
@@ -926,11 +927,12 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     Buffer out_shape(v.out, {tokens, hidden});
     a.out = out_shape;
     // On the GPU the experts (about 12 rows each) take the decode kernel: with the preparer warp and without it
-    // (FINEGEMM_FP4_DECODE_DIRECT=1).
-    for (const char* direct : {"", "1"}) {
-      if (*direct && !gpu()) continue;
-      SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + direct);
+    // (FINEGEMM_FP4_DECODE_DIRECT=1), and with programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=1).
+    for (const auto& [direct, pdl] : {std::pair{"", ""}, {"1", ""}, {"", "1"}}) {
+      if ((*direct || *pdl) && !gpu()) continue;
+      SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + direct + " FINEGEMM_PDL=" + pdl);
       const ScopedEnv scope("FINEGEMM_FP4_DECODE_DIRECT", direct);
+      const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
       const Buffer out = run_moe(a, target());
       const auto cmp = testing::compare(out, ref);
       EXPECT_EQ(cmp.non_finite, 0);

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "cli_util.hpp"
 #include "core/device_buffer.hpp"
@@ -276,11 +277,14 @@ TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
       EXPECT_EQ(taken, want) << recipe.name;
       if (!taken) continue;
       ++served;
-      for (const char* split : {"", "1", "3"}) {
+      // Splits (none, forced 1, forced 3), and programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=1:
+      // down requests its first weights before it waits for the activation kernel).
+      for (const auto& [split, pdl] : {std::pair{"", ""}, {"1", ""}, {"3", ""}, {"", "1"}, {"3", "1"}}) {
         const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+        const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
         const auto cmp = run_and_compare(data);
-        EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " T=" << tokens << " split=" << split << " " << problem.variant()
-                                  << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
+        EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " T=" << tokens << " split=" << split << " pdl=" << pdl << " "
+                                  << problem.variant() << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
       }
     }
   }
@@ -310,19 +314,22 @@ TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
     }
     HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
     if (!cuda::moe_decode_path(data.args(probe.view), problem.tokens * problem.top_k)) continue;
-    for (const char* split : {"", "1", "3"}) {
+    for (const auto& [split, pdl] : {std::pair{"", ""}, {"1", ""}, {"3", ""}, {"", "1"}, {"3", "1"}}) {
       const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+      const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
       const auto cmp = run_and_compare(data);
-      EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " split=" << split << " rel=" << cmp.rel
+      EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " split=" << split << " pdl=" << pdl << " rel=" << cmp.rel
                                 << " non-finite=" << cmp.non_finite;
     }
   }
 }
 
 TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {
-  // The general grouped path and the decode path (512 rows over 16 experts: the decode path's default), each forced.
-  for (const char* decode_env : {"0", "1"}) {
+  // The general grouped path and the decode path (512 rows over 16 experts: the decode path's default), each forced;
+  // the decode path also with programmatic dependent launch (FINEGEMM_PDL=1: programmatic edges in the graph).
+  for (const auto& [decode_env, pdl] : {std::pair{"0", ""}, {"1", ""}, {"1", "1"}}) {
   const ScopedEnv decode("FINEGEMM_MOE_DECODE", decode_env);
+  const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
   MoeProblem problem;
   problem.tokens = 64;
   problem.hidden = 512;

@@ -52,6 +52,10 @@ struct GemmParams {
   // writes) before griddepcontrol.wait; everything else waits for the previous kernel (the activation quantization)
   // to complete. The split-K reduce is then launched the same way.
   bool pdl = false;
+  // Grouped decode launches under pdl: the expert list, offsets and row weights were written before the previous
+  // kernel started (the down GEMM, after the activation kernel), so the kernel reads them and requests its first
+  // stages' weights before the wait. Without it a grouped kernel waits before reading anything.
+  bool pdl_groups_ready = false;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -285,8 +285,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   // first row in B. An expert with more rows than WN runs them in chunks of WN (each streams the weights again: the
   // host picks WN for the rows an expert usually has). A slot past the listed experts has no work.
   int group = 0, row0 = 0, rows = p.m;
-  // Grouped: the expert list comes from the routing kernels (no programmatic launch; the wait is a no-op there).
-  if constexpr (kGrouped) cudaGridDependencySynchronize();
+  // Grouped: the expert list comes from earlier kernels; unless it was complete before the previous kernel started
+  // (p.pdl_groups_ready), wait for that kernel before reading it (a no-op without a programmatic launch).
+  const bool prefetch = p.pdl && (!kGrouped || p.pdl_groups_ready);
+  if (kGrouped && !prefetch) cudaGridDependencySynchronize();
   if constexpr (kGrouped) {
     const int slot = static_cast<int>(blockIdx.x) / split_k / tiles;
     if (slot >= *groups.list_count) return;  // the whole CTA, before any barrier
@@ -315,22 +317,20 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   }
   if (!kFp8W && threadIdx.x < 9) fold_tab[threadIdx.x] = fp4_fold_table_row(threadIdx.x);
   __syncthreads();
-  // Programmatic dependent launch (p.pdl, dense only): the weight tiles of the first `pre` stages are requested before
-  // the wait for the previous kernel (the weights are no kernel's output); the loop below then adds only the
-  // activation tile's bytes to those stages' full barriers. Every thread waits before it reads anything else from
-  // global memory.
-  const int pre = !kGrouped && p.pdl ? min(kStages, kb_count) : 0;
+  // Programmatic dependent launch (p.pdl; grouped with p.pdl_groups_ready): the weight tiles of the first `pre` stages
+  // (chunk 0's) are requested before the wait for the previous kernel (the weights are no kernel's output); the loop
+  // below then adds only the activation tile's bytes to those stages' full barriers. Every thread waits before it
+  // reads anything else from global memory.
+  const int pre = prefetch ? min(kStages, kb_count) : 0;
   if (pre > 0 && warp == kLoaderWarp && lane == 0) {
     for (int s = 0; s < pre; ++s) {
       ptx::mbar_expect_tx(&full[s], Smem::kStageW);
       ptx::tma_load_2d(smem_w + s * Smem::kStageW, &tma_w, &full[s], (kb_begin + s) * kRowBytes, w_row0 + n0);
     }
   }
-  if constexpr (!kGrouped) {
-    cudaGridDependencySynchronize();
-    // The split-K reduce (launched the same way) may start now; it waits for this grid to complete.
-    if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
-  }
+  cudaGridDependencySynchronize();
+  // The split-K reduce (launched the same way) may start now; it waits for this grid to complete.
+  if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
   const bool word_scales = fp4_decode_word_scales(p);
   // Steps (32 wide) per activation-scale group, less one: a power of two (1, 2 or 4: the host sends only groups
   // dividing 128 or multiples of it), so that the step tests are masks, not divisions. The fold needs 3 (one

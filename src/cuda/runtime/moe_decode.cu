@@ -7,6 +7,7 @@
 #include "cuda/kernels/moe_decode.cuh"
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/gemm_args.hpp"
+#include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/moe.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
@@ -46,6 +47,7 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   const bool dynamic = !act.is_static(), per_token = act.granularity == ActGranularity::PerToken;
   const int64_t rows = in.rows;
   const int wn_rows = decode_rows_per_expert(rows, in.num_experts);
+  const bool pdl = env_switch("FINEGEMM_PDL", false);
 
   StreamScratch list(in.num_experts * 4, stream), count(4, stream);
   moe_active_experts_kernel<<<1, kActiveExpertThreads, 0, stream>>>(in.expert_offsets, in.num_experts,
@@ -67,6 +69,8 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
     p.out = y_gu.as<void>();
     p.out_dtype = OutDType::F32;
     p.ldo = gate_up_rows;
+    // Programmatic launch after the list kernel (FINEGEMM_PDL=1): it waits for the list before reading it.
+    p.pdl = pdl;
     launch_sm90_decode_grouped(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], groups, wn_rows, p, stream);
   }
   // The activation and the intermediate's E4M3 codes and scales.
@@ -86,6 +90,10 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
     GemmParams p = moe_expert_gemm_params(args, false, rows);
     set_activation_scales(p, act, h_scale.as<float>(), per_token ? 1 : h_scale_cols, 1, inter, in.down_act_scale);
     p.row_weight = in.row_weight;
+    // Programmatic launch after the activation kernel (FINEGEMM_PDL=1): the list, offsets and row weights are older,
+    // so it reads them and requests its first weight tiles before it waits for the intermediate.
+    p.pdl = pdl;
+    p.pdl_groups_ready = true;
     p.out = y;
     p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
     p.ldo = hidden;

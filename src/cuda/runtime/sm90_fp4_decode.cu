@@ -81,8 +81,8 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
     launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false>(), grid, kThreads, kSmem, stream, x, w,
                         p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
   } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows) {
-    fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>()<<<grid, kThreads, kSmem, stream>>>(
-        x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+    launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(), grid, kThreads, kSmem, stream, x, w,
+                        p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
   } else {
     throw Error("fp4 decode gemm: grouped (MoE) launches take 128 of K per stage and 64-row CTAs, got stage_k=" +
                 std::to_string(kStageK) + " rows=" + std::to_string(kRows));
