@@ -50,6 +50,9 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   const bool pdl = env_switch("FINEGEMM_PDL", false);
 
   StreamScratch list(in.num_experts * 4, stream), count(4, stream);
+  // gate_up's output, allocated before the list kernel: a stream-ordered allocation between the two would stand
+  // between the kernels and keep gate_up's programmatic launch (FINEGEMM_PDL=1) from overlapping the list kernel.
+  StreamScratch y_gu(rows * gate_up_rows * 4, stream);
   moe_active_experts_kernel<<<1, kActiveExpertThreads, 0, stream>>>(in.expert_offsets, in.num_experts,
                                                                     list.as<int32_t>(), count.as<int32_t>());
   FG_CUDA_CHECK(cudaGetLastError());
@@ -61,7 +64,6 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   groups.num_groups = in.num_experts;
 
   // gate_up: y_gu [rows, 2I] F32.
-  StreamScratch y_gu(rows * gate_up_rows * 4, stream);
   {
     GemmParams p = moe_expert_gemm_params(args, true, rows);
     set_activation_scales(p, act, in.x_scale, per_token ? 1 : (dynamic ? hidden / act.group_size : 0), 1, hidden,
