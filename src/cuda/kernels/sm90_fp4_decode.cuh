@@ -68,9 +68,9 @@ struct Fp4DecodeSmem {
 };
 
 // Threads per CTA: the consumer warpgroups (one per 64 weight rows), the loader warp and (FP4 weights) the preparer
-// warp.
-template <bool kFp8W, int kRows = kFp4DecodeRows>
-inline constexpr int kFp4DecodeThreads = 2 * kRows + (kFp8W ? 32 : 64);
+// warps (kPreparers: 1, or 2 with FINEGEMM_FP4_DECODE_PREPARERS=2).
+template <bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1>
+inline constexpr int kFp4DecodeThreads = 2 * kRows + 32 + (kFp8W ? 0 : 32 * kPreparers);
 
 // Row d of the fold table (fp4_fold_table_word): x holds codes 0-3, y codes 4-7.
 __device__ __forceinline__ uint2 fp4_fold_table_row(int d) {
@@ -167,11 +167,13 @@ __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { re
 //   - UE8M0 words, when the recipe may fold (`may_fold`) and every row of the tile has its valid scales within 2^8 of
 //     its largest e_max: flag 1, the tables fp4_fold_table_row(e_max - e) per row and group, 2^e_max per row;
 //   - otherwise flag 0 and the groups' float scales (FP32 scales were copied as floats: only the tail is zeroed).
-// Lane l prepares rows l and l + 32.
-template <int kBlocks>
+// Lane l prepares rows l and l + 32. With two preparer warps (kParts = 2) both take every row's words into the fold
+// vote, and preparer `part` writes the tables, scales and row scales of rows lane + 32·part only (part 0 the flag).
+template <int kBlocks, int kParts = 1>
 __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, bool word_scales, bool may_fold, int kb,
                                                           int lane, const uint2* fold_tab, uint8_t* fold,
-                                                          const uint32_t* words, float* row_scale, uint32_t* flags) {
+                                                          const uint32_t* words, float* row_scale, uint32_t* flags,
+                                                          int part = 0) {
 #pragma unroll
   for (int q = 0; q < kBlocks; ++q) {
     const int valid = p.b_scale_cols - (kb * kBlocks + q) * 4;
@@ -205,6 +207,7 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
       vote = __all_sync(0xFFFFFFFFu, ok);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        if (kParts == 2 && h != part) continue;
         const int row = lane + 32 * h;
         if (vote) {
 #pragma unroll
@@ -218,12 +221,14 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
       }
     } else if (valid < 4) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
+        if (kParts == 2 && h != part) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (j >= valid) scale[j * kFp4DecodeRows + lane + 32 * h] = 0.0f;
+      }
     }
-    if (lane == 0) flags[q] = vote ? 1u : 0u;
+    if (lane == 0 && part == 0) flags[q] = vote ? 1u : 0u;
   }
 }
 
@@ -235,14 +240,20 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // kGrouped: MoE experts (DecodeGroups, chunks of WN rows per expert); without it one chunk of p.m ≤ WN rows, known at
 // compile time: the chunk loop in the dense kernel took FP4 at M = 1 (N = 7168, K = 16384) from 37.5 to 41.4 µs
 // even at the same registers and occupancy.
-template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false>
+// kPreparers: FP4 weights, 64-row dense CTAs: 2 splits the preparation of the scales over two warps (on other SM
+// sub-partitions than the one preparer's), FINEGEMM_FP4_DECODE_PREPARERS=2.
+template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false,
+          int kPreparers = 1>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
 // Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91
 // registers, three CTAs per SM, and M = 1 (N = 7168, K = 16384) from 37.5 to 41.7 µs.
 // 128 rows (nine warps): one CTA per SM asked; at WN = 64 two would cap the registers at 96 (five warps on some
 // sub-partition) and spill, where the kernel takes 113.
-__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
+// Two preparers (seven warps): 72 registers at WN = 8 (4 CTAs per SM, no spills); at WN = 16, 98 registers leave 2
+// CTAs per SM (3 asked for spilled: 80 registers, the sub-partitions' register files); at WN = 64, 2 CTAs cost 136
+// bytes of spills (128 registers).
+__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
                                   kRows == 128 ? 1 : (WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
@@ -252,6 +263,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
   static_assert(!kFp8W || kStageK == 128, "E4M3 weights: 128 of K per stage (128-byte rows)");
   static_assert(kRows == 64 || (kRows == 128 && kFp8W), "kRows: 64, or 128 with E4M3 weights");
+  static_assert(kPreparers == 1 || (kPreparers == 2 && !kFp8W && kRows == 64), "kPreparers: 2 with FP4 weights only");
   using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows>;
   constexpr int kConsumerWarps = kRows / 16;  // one warpgroup per 64 weight rows
   constexpr int kLoaderWarp = kConsumerWarps, kPreparerWarp = kConsumerWarps + 1;
@@ -307,9 +319,11 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   // empty[s]: one arrival per consumer thread, after its last read of the stage (or one per warp, after
   // __syncwarp, with p.decode_thread_release off: racecheck reported the reads of the activation scales against the
   // next cp.async into the stage there). landed[s] (FP4): the loader lanes' cp.async copies.
+  // Direct (p.fp4_decode_direct): no preparation; the loader's copies complete the full barrier.
+  const bool direct = !kFp8W && p.fp4_decode_direct;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&full[s], 1 + 32);
+      ptx::mbar_init(&full[s], 1 + 32 * (kFp8W || direct ? 1 : kPreparers));
       ptx::mbar_init(&empty[s], p.decode_thread_release ? 32 * kConsumerWarps : kConsumerWarps);
       ptx::mbar_init(&landed[s], 32);
     }
@@ -338,21 +352,21 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows>,
   const int xgroup_mask = (p.a_scale ? max(1, min(p.a_group, kGemmBlockK) / 32) : 4) - 1;
   const bool may_fold = word_scales && xgroup_mask == 3;
 
-  // Direct (p.fp4_decode_direct): the preparer warp exits at once; the loader's copies complete the full barrier and
-  // the consumers decode the scales themselves (per-step promotion).
-  const bool direct = !kFp8W && p.fp4_decode_direct;
-  if (!kFp8W && warp == kPreparerWarp) {
+  // Direct: the preparer warps exit at once; the consumers decode the scales themselves (per-step promotion).
+  if (!kFp8W && warp >= kPreparerWarp) {
     if (direct) return;
+    const int part = warp - kPreparerWarp;
     // ---------------- Preparer warp (FP4 weights).
     RingPosition<kStages> ring;
     for (int c = 0; c < chunks; ++c) {
       for (int j = 0; j < kb_count; ++j, ring.advance()) {
         const int stage = ring.stage;
         ptx::mbar_wait(&landed[stage], ring.phase);
-        fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + j, lane, fold_tab,
-                                           smem_fold + stage * Smem::kStageFold,
-                                           smem_words + stage * kBlocks * kFp4DecodeRows,
-                                           smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
+        fp4_decode_prepare_scales<kBlocks, kPreparers>(p, word_scales, may_fold, kb_begin + j, lane, fold_tab,
+                                                       smem_fold + stage * Smem::kStageFold,
+                                                       smem_words + stage * kBlocks * kFp4DecodeRows,
+                                                       smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4,
+                                                       part);
         ptx::mbar_arrive(&full[stage]);
       }
     }

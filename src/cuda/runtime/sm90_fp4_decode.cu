@@ -24,9 +24,10 @@ constexpr int kFp4DecodeStages =
     kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
                  : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
-template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped>
+template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows, kGrouped>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows, kGrouped,
+                                kPreparers>;
 }
 
 template <int WN, int kStageK, bool kFp8W, int kRows>
@@ -35,52 +36,55 @@ constexpr int fp4_decode_smem() {
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN, int kStageK, bool kFp8W, int kRows>
+template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>();
     constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    // The grouped kernel (MoE experts): 128 of K per stage and 64 rows only (choose_fp4_decode_config).
-    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows)
+    // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer only (choose_fp4_decode_config).
+    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1)
       FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kFp4DecodeThreads<kFp8W, kRows>, kSmem));
+    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel,
+                                                                kFp4DecodeThreads<kFp8W, kRows, kPreparers>, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
     ctas_per_sm[slot].store(ctas);
   }
   return ctas;
 }
 
-template <int kStageK, bool kFp8W, int kRows>
+template <int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
 int prepare(int wn, int device) {
   switch (wn) {
-    case 8: return prepare_kernel<8, kStageK, kFp8W, kRows>(device);
-    case 16: return prepare_kernel<16, kStageK, kFp8W, kRows>(device);
-    case 32: return prepare_kernel<32, kStageK, kFp8W, kRows>(device);
-    default: return prepare_kernel<64, kStageK, kFp8W, kRows>(device);
+    case 8: return prepare_kernel<8, kStageK, kFp8W, kRows, kPreparers>(device);
+    case 16: return prepare_kernel<16, kStageK, kFp8W, kRows, kPreparers>(device);
+    case 32: return prepare_kernel<32, kStageK, kFp8W, kRows, kPreparers>(device);
+    default: return prepare_kernel<64, kStageK, kFp8W, kRows, kPreparers>(device);
   }
 }
 
 int prepare(const Fp4DecodeConfig& c, int device) {
   if (c.fp8_weights) return c.rows == 128 ? prepare<128, true, 128>(c.wn, device) : prepare<128, true, 64>(c.wn, device);
-  return c.stage_k == 256 ? prepare<256, false, 64>(c.wn, device) : prepare<128, false, 64>(c.wn, device);
+  if (c.stage_k == 256) return prepare<256, false, 64>(c.wn, device);
+  return c.preparers == 2 ? prepare<128, false, 64, 2>(c.wn, device) : prepare<128, false, 64>(c.wn, device);
 }
 
-template <int WN, int kStageK, bool kFp8W, int kRows>
+template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
             const DecodeGroups& groups, cudaStream_t stream) {
   const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
   if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
   const unsigned grid = static_cast<unsigned>(ctas);
-  constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows>, kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
+  constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows, kPreparers>;
+  constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
   if (groups.slots == 0) {
-    launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false>(), grid, kThreads, kSmem, stream, x, w,
-                        p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
-  } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows) {
+    launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>(), grid, kThreads, kSmem,
+                        stream, x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+  } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
     launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(), grid, kThreads, kSmem, stream, x, w,
                         p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
   } else {
@@ -89,14 +93,14 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
   }
 }
 
-template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows>
-void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
-            const DecodeGroups& groups, cudaStream_t stream) {
+template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1>
+void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
+                      const DecodeGroups& groups, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
-    case 16: return launch<16, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
-    case 32: return launch<32, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
-    default: return launch<64, kStageK, kFp8W, kRows>(x, w, p, c, groups, stream);
+    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
+    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
+    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
+    default: return launch<64, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
   }
 }
 
@@ -123,6 +127,13 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
     if (c.stage_k != 128 && c.stage_k != 256)
       throw Error(std::string("FINEGEMM_FP4_DECODE_STAGE_K: expected 128 or 256, got '") + forced + "'");
   }
+  // Two preparer warps (FINEGEMM_FP4_DECODE_PREPARERS=2): dense FP4 launches with 128 of K per stage only.
+  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_PREPARERS"); forced && *forced) {
+    const int v = std::atoi(forced);
+    if (v != 1 && v != 2)
+      throw Error(std::string("FINEGEMM_FP4_DECODE_PREPARERS: expected 1 or 2, got '") + forced + "'");
+    if (!fp8_weights && slots == 0 && c.stage_k == 128) c.preparers = v;
+  }
   const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
   // at least 512 of K per split: each split costs M × N floats of partials.
@@ -139,9 +150,9 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d rows=%d\n",
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d rows=%d preparers=%d\n",
                  fp8_weights ? "fp8" : "fp4", m, n, k, slots, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split,
-                 c.swizzle ? 1 : 0, c.rows);
+                 c.swizzle ? 1 : 0, c.rows, c.preparers);
   return c;
 }
 
@@ -159,16 +170,17 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
     const CUtensorMap tma_w = make_tma_2d(b, w_rows, p.k, ldb, c.rows);
-    if (c.rows == 128) launch<128, true, 128>(tma_x, tma_w, p, c, groups, stream);
-    else launch<128, true>(tma_x, tma_w, p, c, groups, stream);
+    if (c.rows == 128) launch_for_width<128, true, 128>(tma_x, tma_w, p, c, groups, stream);
+    else launch_for_width<128, true>(tma_x, tma_w, p, c, groups, stream);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const CUtensorMap tma_w = c.stage_k == 128
                                 ? make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 256) launch<256, false>(tma_x, tma_w, p, c, groups, stream);
-  else launch<128, false>(tma_x, tma_w, p, c, groups, stream);
+  if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, stream);
+  else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, stream);
+  else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, stream);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
