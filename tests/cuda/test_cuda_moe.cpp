@@ -246,6 +246,9 @@ TEST(MoePathChoice, DecodePathForItsRecipesAtDecodeSizes) {
 // split-K as the heuristic picks it and forced to 1 and 3, against the reference. T = 1 (down has 2048 of K: the
 // heuristic splits it), 5 (20 rows over 8 experts: chunks of 8 rows for the fullest) and 24 (96 rows). Every FP4 recipe and the FP8 block recipes whose activation scales hold over
 // 128 of K must take it.
+// Decode-path launch settings the tests run: FINEGEMM_FP4_DECODE_SPLIT (none, forced 1, forced 3) and FINEGEMM_PDL.
+constexpr std::pair<const char*, const char*> kSplitsAndPdl[] = {{"", ""}, {"1", ""}, {"3", ""}, {"", "1"}, {"3", "1"}};
+
 TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
   const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
                               {MoeActivation::SwiGLU, 7.0f, false, true},
@@ -279,7 +282,7 @@ TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
       ++served;
       // Splits (none, forced 1, forced 3), and programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=1:
       // down requests its first weights before it waits for the activation kernel).
-      for (const auto& [split, pdl] : {std::pair{"", ""}, {"1", ""}, {"3", ""}, {"", "1"}, {"3", "1"}}) {
+      for (const auto& [split, pdl] : kSplitsAndPdl) {
         const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
         const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
         const auto cmp = run_and_compare(data);
@@ -314,7 +317,7 @@ TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
     }
     HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
     if (!cuda::moe_decode_path(data.args(probe.view), problem.tokens * problem.top_k)) continue;
-    for (const auto& [split, pdl] : {std::pair{"", ""}, {"1", ""}, {"3", ""}, {"", "1"}, {"3", "1"}}) {
+    for (const auto& [split, pdl] : kSplitsAndPdl) {
       const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
       const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
       const auto cmp = run_and_compare(data);
