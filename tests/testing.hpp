@@ -2,6 +2,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -51,8 +52,22 @@ inline void set(const TensorView& t, int64_t i, float v) {
   }
 }
 
+// The seed of this test process's random data: FINEGEMM_TEST_SEED when set, else a fresh one. It is printed once to
+// stderr, so that a failure on fresh random data reruns exactly (same binary, same --gtest_filter, that seed).
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("FINEGEMM_TEST_SEED");
+    const uint64_t s = env && *env ? std::strtoull(env, nullptr, 10)
+                                   : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    std::fprintf(stderr, "test data seed %llu (rerun with FINEGEMM_TEST_SEED=%llu)\n", static_cast<unsigned long long>(s),
+                 static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
 inline std::mt19937_64& rng() {
-  static std::mt19937_64 gen(std::random_device{}());
+  static std::mt19937_64 gen(test_seed());
   return gen;
 }
 

@@ -12,13 +12,14 @@
 
 #include "cli_util.hpp"
 #include "finegemm/finegemm.hpp"
+#include "testing.hpp"
 
 namespace finegemm {
 namespace {
 
 TEST(CudaCaptureFirst, LinearCapturedBeforeAnyEagerCall) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(testing::test_seed());
   const NamedRecipe recipe{"block128x128 x group128", WeightRecipe::block(), ActivationRecipe::per_token_group(128)};
   // The second pass captures the decode kernel (M = 1) launched with programmatic dependent launch after the
   // activation quantization (FINEGEMM_PDL=1): a programmatic edge inside the graph.

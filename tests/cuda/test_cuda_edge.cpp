@@ -20,6 +20,7 @@
 #include "core/formats.hpp"
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
+#include "testing.hpp"
 
 namespace finegemm {
 namespace {
@@ -36,10 +37,7 @@ class CudaEdge : public ::testing::Test {
   }
 };
 
-std::mt19937_64& rng() {
-  static std::mt19937_64 gen(std::random_device{}());
-  return gen;
-}
+using testing::rng;  // seeded by FINEGEMM_TEST_SEED or fresh, printed (testing.hpp)
 
 NamedRecipe recipe_of(const WeightRecipe& weight, const ActivationRecipe& activation) {
   return {weight.name() + " x " + activation.name(), weight, activation};

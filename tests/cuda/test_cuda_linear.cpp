@@ -129,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(AllRecipes, CudaLinearRecipes,
                          ::testing::Combine(::testing::Range(0, static_cast<int>(all_recipes().size())),
                                             ::testing::Range(0, 5)));
 
-// E4M3 weights in the decode kernel (FINEGEMM_FP8_DECODE=1, off by default): every recipe it serves (block scales
+// E4M3 weights in the decode kernel (the default up to M = 64; FINEGEMM_FP8_DECODE=1 here): every recipe it serves (block scales
 // constant over 64-row tiles and 128 of K; activation scales over 128 or none), M = 1..64, N and K tails, split-K
 // forced to 1 and 3 and the heuristic's, against the CPU reference on a poisoned output; the recipes it does not
 // serve take the general kernel under the same switch and must match too.

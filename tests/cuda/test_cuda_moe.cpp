@@ -27,10 +27,7 @@ class CudaMoe : public ::testing::Test {
   }
 };
 
-std::mt19937_64& rng() {
-  static std::mt19937_64 gen(std::random_device{}());
-  return gen;
-}
+using testing::rng;  // seeded by FINEGEMM_TEST_SEED or fresh, printed (testing.hpp)
 
 // Runs data on the GPU (poisoned output) and the reference; returns rel error and the GPU output.
 tools::Comparison run_and_compare(const tools::MoeData& data, HostTensor* gpu_out = nullptr) {
@@ -43,7 +40,14 @@ tools::Comparison run_and_compare(const tools::MoeData& data, HostTensor* gpu_ou
   moe_experts(args, {Backend::Cuda});
   gpu.download(args.out, out.view);
   if (gpu_out) *gpu_out = out;
-  return tools::compare(out.view, ref.view);
+  const auto cmp = tools::compare(out.view, ref.view);
+  // FINEGEMM_TEST_PRINT_REL=1: every case's error, not only the failing ones' (its spread over seeds).
+  if (std::getenv("FINEGEMM_TEST_PRINT_REL"))
+    std::fprintf(stderr, "rel %.4e T=%lld H=%lld I=%lld E=%lld k=%lld %s\n", cmp.rel,
+                 static_cast<long long>(data.problem.tokens), static_cast<long long>(data.problem.hidden),
+                 static_cast<long long>(data.problem.inter), static_cast<long long>(data.problem.experts),
+                 static_cast<long long>(data.problem.top_k), data.recipe.name.c_str());
+  return cmp;
 }
 
 struct Variant {
