@@ -506,9 +506,12 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
       for (int i = i_begin; i < i_end; ++i, ring.advance()) {
         const int stage = ring.stage;
         const int kb = kb_begin + i - i_begin;
-        // The tile's block scale for this stage, loaded before the wait so that its latency hides behind it.
-        const float w_scale =
-            load_b_scale(p, group, (n0 + 64 * wg) / p.b_block_n, min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
+        // The tile's block scale for this stage, loaded before the wait so that its latency hides behind it. The
+        // second warpgroup of a 128-row CTA over N's last 64 rows or fewer has no rows: its row block is clamped into
+        // the scales (compute-sanitizer memcheck read one row block past them at N = 320, 64-row blocks); its
+        // output is never stored.
+        const float w_scale = load_b_scale(p, group, min(n0 + 64 * wg, p.n - 1) / p.b_block_n,
+                                           min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
         ptx::mbar_wait(&full[stage], ring.phase);
         // One wgmma per step over the warpgroup's 64 rows: A (weights) and B (tokens) both from shared memory.
         const uint64_t desc_w = desc_w0 + static_cast<uint32_t>(stage * (Smem::kStageW >> 4));

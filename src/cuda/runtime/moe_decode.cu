@@ -48,7 +48,7 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   const int64_t rows = in.rows;
   const int wn_rows = decode_rows_per_expert(rows, in.num_experts);
   // Programmatic dependent launch of gate_up and down (FINEGEMM_PDL=0 turns it off). DeepSeek-V3 T = 1 on the H200:
-  // FP8 125.7 vs 129.0 µs, FP4 117.8 vs 123.1 (bench/results/moe_pdl_2026-12-02_1a01a29.json).
+  // FP8 125.7 vs 129.0 µs, FP4 117.8 vs 123.1 (bench/results/decode_pdl_2026-12-02_1a01a29.json).
   const bool pdl = env_switch("FINEGEMM_PDL", true);
 
   StreamScratch list(in.num_experts * 4, stream), count(4, stream);

@@ -215,10 +215,13 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
                                      : DecodeKind::None;
   const bool fp4_decode = decode_kind == DecodeKind::Fp4 && env_switch("FINEGEMM_FP4_DECODE", true);
   // E4M3 weights in the same decode kernel: block scales constant over its 64-row tiles and 128 of K, activation
-  // scales constant over 128 of K. On by default up to M = 64, where it measured faster than the general kernel
-  // (N = 7168, K = 16384: 35.9 vs 51.9 µs at M = 1, 39.0 vs 47.1 at M = 32; at M = 64 42.7 vs 47.9 since 2406d5e,
-  // 57.4 vs 47.8 before). FINEGEMM_FP8_DECODE=0 turns it off.
-  const bool fp8_decode = decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", p.m <= 64);
+  // scales constant over 128 of K. On by default at M ≤ 32, and up to M = 64 at K ≥ 8192: measured against the general
+  // kernel on the H200 (N = 7168, K = 16384: 35.9 vs 51.9 µs at M = 1, 39.0 vs 47.1 at M = 32, 41.4 vs 46.5 at M = 48,
+  // 42.7 vs 48.1 at M = 64; but at M = 64 N = 4096 K = 7168 17.5 vs 15.1 and N = 24576 K = 1536 20.1 vs 17.2:
+  // bench/results/decode_m64_2026-12-02_a5506f9.json). FINEGEMM_FP8_DECODE=1 takes it up to M = 64 at any K, =0 turns
+  // it off.
+  const bool fp8_decode =
+      decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", p.m <= 32 || (p.m <= 64 && p.k >= 8192));
   const Fp4DecodeConfig decode = fp4_decode || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
                                      : Fp4DecodeConfig{};
