@@ -30,6 +30,15 @@ class CudaMoe : public ::testing::Test {
 using testing::rng;  // seeded by FINEGEMM_TEST_SEED or fresh, printed (testing.hpp)
 
 // Runs data on the GPU (poisoned output) and the reference; returns rel error and the GPU output.
+// The bar of a GPU MoE output against the reference. Both requantize the intermediate (per group, per token or
+// static), so a rounding flip between the GPU's fp32 gate_up and the reference's double moves a whole E4M3 code, and
+// the error over fresh data is heavy-tailed. On the H200 (FINEGEMM_TEST_PRINT_REL=1 at a5506f9 and 258e11f, 320
+// cases): medians 2-5e-3, maxima 1.17e-2 (T = 200, skewed routing, static), 1.65e-2 (the same, group128) and 1.63e-2
+// (T = 1, per token). The CPU fast path (exact to 1e-9 otherwise) with gate_up's block scales perturbed by 1e-4
+// relative, a stand-in for the wgmma accumulator's error, gives the same shape: median 1.7e-3, max 1.11e-2 over 40
+// skewed cases (1e-3: median 7.6e-3, max 1.87e-2). Losing one token's output at T = 200 costs about 7e-2.
+constexpr double kMoeBar = 2.5e-2;
+
 tools::Comparison run_and_compare(const tools::MoeData& data, HostTensor* gpu_out = nullptr) {
   HostTensor ref(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
   moe_experts(data.args(ref.view), {Backend::Reference});
@@ -91,7 +100,7 @@ TEST_F(CudaMoe, EveryRecipeMatchesReference) {
         const auto masters = tools::make_moe_masters(rng(), problem);
         auto data = tools::make_moe(rng(), recipe, problem, masters);
         const auto cmp = run_and_compare(data);
-        EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " T=" << tokens << " " << problem.variant() << " rel=" << cmp.rel
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " T=" << tokens << " " << problem.variant() << " rel=" << cmp.rel
                                   << " non-finite=" << cmp.non_finite;
       }
     }
@@ -121,14 +130,8 @@ TEST_F(CudaMoe, PerTokenActivationsOnTheGpuPath) {
         EXPECT_EQ(cuda::moe_gpu_path_refusal(data.args(probe.view), cuda::moe_per_token_gpu_enabled()), "")
             << recipe.name;
         const auto cmp = run_and_compare(data);
-        // One token's intermediate has one scale over all of I: most of its codes are small against that amax, and
-        // a rounding flip between the GPU's fp32 and the reference's double costs a large share of such a code. On
-        // the H200 (a5506f9, FINEGEMM_TEST_PRINT_REL=1, 40 cases at each T) the error sat at 4-7e-3 at every T, with
-        // T = 1 spreading to 9.6e-3 there and to 1.10e-2 and 1.01e-2 in earlier runs: its bar is 1.5e-2, the
-        // many-token cases keep 1e-2.
-        const double bar = tokens == 1 ? 1.5e-2 : 1e-2;
-        EXPECT_TRUE(cmp.ok(bar)) << recipe.name << " T=" << tokens << " " << problem.variant() << " rel=" << cmp.rel
-                                 << " bar=" << bar << " non-finite=" << cmp.non_finite;
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " T=" << tokens << " " << problem.variant() << " rel=" << cmp.rel
+                                     << " non-finite=" << cmp.non_finite;
         ++cases;
       }
     }
@@ -178,7 +181,7 @@ TEST_F(CudaMoe, SkewedRoutingEmptyExpertsAndOneExpertTakesAll) {
             ++shown;
             break;
           }
-      EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " H=" << cs.hidden << " E=" << cs.experts << " k=" << cs.top_k
+      EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " H=" << cs.hidden << " E=" << cs.experts << " k=" << cs.top_k
                                 << " dup=" << cs.duplicates << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite
                                 << " first bad tokens:" << bad_tokens;
     }
@@ -296,7 +299,7 @@ TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
         const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
         const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
         const auto cmp = run_and_compare(data);
-        EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " T=" << tokens << " split=" << split << " pdl=" << pdl << " "
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " T=" << tokens << " split=" << split << " pdl=" << pdl << " "
                                   << problem.variant() << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
       }
     }
@@ -331,7 +334,7 @@ TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
       const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
       const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
       const auto cmp = run_and_compare(data);
-      EXPECT_TRUE(cmp.ok(1e-2)) << recipe.name << " split=" << split << " pdl=" << pdl << " rel=" << cmp.rel
+      EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " split=" << split << " pdl=" << pdl << " rel=" << cmp.rel
                                 << " non-finite=" << cmp.non_finite;
     }
   }
