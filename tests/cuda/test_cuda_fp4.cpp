@@ -513,7 +513,10 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            {{"FINEGEMM_PDL", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
            // Two preparer warps (each writes the tables of 32 rows; both vote over all 64).
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
-           {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
+           {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           // The splits summed inside a cluster of the tile's CTAs (no workspace, no reduce kernel).
+           {{"FINEGEMM_DECODE_CLUSTER_REDUCE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
+           {{"FINEGEMM_DECODE_CLUSTER_REDUCE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
     const ScopedEnv a(first.first, first.second), b(second.first, second.second);
     check_exact(target, gpu, name + " (" + first.first + "=" + first.second + " " + second.first + "=" + second.second + ")", w);
   }

@@ -154,17 +154,26 @@ TEST_F(CudaTest, Fp8WeightsInTheDecodeKernel) {
       // 64-row CTAs, and 128-row CTAs (two consumer warpgroups, FINEGEMM_DECODE_ROWS=128; N tails inside a tile);
       // each also launched after the activation quantization with programmatic dependent launch (FINEGEMM_PDL=1:
       // the first stages' weights are requested before the kernel waits for the quantization).
+      // With a split, also the in-kernel split-K over a cluster (FINEGEMM_DECODE_CLUSTER_REDUCE=1): the same
+      // results bit for bit as the workspace and reduce kernel (both sum the splits in order).
       for (const char* rows : {"", "128"})
         for (const char* split : {"", "1", "3"})
           for (const char* pdl : {"", "1"}) {
             const ScopedEnv forced_rows("FINEGEMM_DECODE_ROWS", rows);
             const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
             const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
-            const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+            const Buffer out = run_on_gpu(c.args);
+            const auto cmp = testing::compare(out, ref);
             EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " split=" << split
                                          << " rows=" << rows << " pdl=" << pdl;
             EXPECT_LE(cmp.rel, tolerance(DType::F32)) << recipe.name << " M=" << m << " N=" << n << " K=" << k
                                                       << " split=" << split << " rows=" << rows << " pdl=" << pdl;
+            if (std::string(split) == "1") continue;
+            const ScopedEnv cluster("FINEGEMM_DECODE_CLUSTER_REDUCE", "1");
+            const Buffer in_cluster = run_on_gpu(c.args);
+            EXPECT_EQ(in_cluster.bytes, out.bytes) << "cluster reduce: " << recipe.name << " M=" << m << " N=" << n
+                                                   << " K=" << k << " split=" << split << " rows=" << rows
+                                                   << " pdl=" << pdl;
           }
     }
   }

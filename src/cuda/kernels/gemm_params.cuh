@@ -56,6 +56,11 @@ struct GemmParams {
   // kernel started (the down GEMM, after the activation kernel), so the kernel reads them and requests its first
   // stages' weights before the wait. Without it a grouped kernel waits before reading anything.
   bool pdl_groups_ready = false;
+  // The dense decode kernel's split-K inside the kernel (FINEGEMM_DECODE_CLUSTER_REDUCE=1; off until measured): the
+  // split_k CTAs of a weight tile form one thread-block cluster, each leaves its partial totals in its shared memory,
+  // and each sums one slice of the tile's rows over all of them (split order, as splitk_reduce_kernel) and stores y:
+  // no workspace and no reduce kernel. Needs split_k <= 8 (a portable cluster).
+  bool decode_cluster_reduce = false;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -29,7 +29,8 @@
 //     codes and tables, the expansion (five instructions per four codes) and the wgmmas: ncu had the earlier
 //     consumers, which made the fold decision themselves, bound by instruction issue.
 // Work: one CTA per (64-row weight tile, K split). With split-K the partial totals go to p.workspace[split][M][N]
-// (splitk_reduce_kernel finishes); otherwise the epilogue stores y with the row/col scales and the bias.
+// (splitk_reduce_kernel finishes), or, with p.decode_cluster_reduce, stay in shared memory and the tile's cluster of
+// split CTAs sums them there; otherwise the epilogue stores y with the row/col scales and the bias.
 #pragma once
 #include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
@@ -321,6 +322,16 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   // next cp.async into the stage there). landed[s] (FP4): the loader lanes' cp.async copies.
   // Direct (p.fp4_decode_direct): no preparation; the loader's copies complete the full barrier.
   const bool direct = !kFp8W && p.fp4_decode_direct;
+  // In-kernel split-K (p.decode_cluster_reduce, dense launches in clusters of split_k CTAs, one tile each): every
+  // thread of the cluster passes two cluster barriers (partials written; partials read). The producer warps pass
+  // both on their way out.
+  const bool cluster_reduce = !kGrouped && p.decode_cluster_reduce;
+  auto leave_cluster = [&] {
+    if (cluster_reduce) {
+      ptx::cluster_sync();
+      ptx::cluster_sync();
+    }
+  };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1 + 32 * (kFp8W || direct ? 1 : kPreparers));
@@ -354,7 +365,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
 
   // Direct: the preparer warps exit at once; the consumers decode the scales themselves (per-step promotion).
   if (!kFp8W && warp >= kPreparerWarp) {
-    if (direct) return;
+    if (direct) {
+      leave_cluster();
+      return;
+    }
     const int part = warp - kPreparerWarp;
     // ---------------- Preparer warp (FP4 weights).
     RingPosition<kStages> ring;
@@ -370,6 +384,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
         ptx::mbar_arrive(&full[stage]);
       }
     }
+    leave_cluster();
     return;
   }
   if (warp == kLoaderWarp) {
@@ -459,6 +474,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
       }
     }
     ptx::cp_async_wait_all();  // no copy outlives its thread
+    leave_cluster();
     return;
   }
 
@@ -665,6 +681,32 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
     // Without groups, split-K partials are stored raw (splitk_reduce_kernel applies the epilogue); with groups the
     // scales, the bias (split 0) and the row weight apply here, per expert, and the reduce only sums.
     const int tok0 = row0 + c * WN, tok_count = min(WN, rows - c * WN);
+    if (!kGrouped && cluster_reduce) {
+      // In-kernel split-K: this CTA's totals [WN tokens][kRows rows] go where the stages were, once every consumer
+      // is done with them (every TMA and cp.async into them has landed: the consumers waited for each); then each
+      // CTA of the cluster sums one slice of the tile's rows over all split_k CTAs' totals (in split order, as
+      // splitk_reduce_kernel does) and stores y with the epilogue.
+      static_assert(WN * kRows * 4 <= kStages * (Smem::kStageX + Smem::kStageW), "the totals fit in the stages");
+      float* red = reinterpret_cast<float*>(smem);
+      ptx::named_bar_sync<1, 32 * kConsumerWarps>();
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i)
+        red[(8 * (i >> 2) + 2 * t + (i & 1)) * kRows + r0 + 8 * ((i >> 1) & 1)] = total[i];
+      ptx::cluster_sync();
+      const int lo = split * kRows / split_k, width = (split + 1) * kRows / split_k - lo;
+      for (int e = static_cast<int>(threadIdx.x); e < tok_count * width; e += 32 * kConsumerWarps) {
+        const int tok = e / width, n = n0 + lo + e % width;
+        if (n >= p.n) continue;
+        const float* at = red + tok * kRows + (n - n0);
+        float v = 0.0f;
+        for (int s = 0; s < split_k; ++s) v += ptx::ld_shared_cluster_f32(at, static_cast<uint32_t>(s));
+        const int row = tok0 + tok;
+        store_one(p, row, n,
+                  v * load_vec(p.row_mode, p.row_scale, row) * load_vec(p.col_mode, p.col_scale, n) + load_bias(p, n));
+      }
+      ptx::cluster_sync();  // no CTA leaves while another reads its totals
+      continue;             // the dense kernel's one chunk
+    }
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int tok = 8 * (i >> 2) + 2 * t + (i & 1);

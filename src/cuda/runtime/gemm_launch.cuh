@@ -51,25 +51,40 @@ inline CUtensorMap make_tma_2d(const void* ptr, int64_t rows, int64_t cols, int6
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `programmatic` (the
 // kernel may start before the previous one in the stream completes, and must griddepcontrol.wait before it reads that
-// kernel's output).
+// kernel's output), in thread-block clusters of `cluster_x` consecutive CTAs along x when it is more than 1.
 template <typename... Params, typename... Args>
-inline void launch_programmatic(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                cudaStream_t stream, Args&&... args) {
-  if (!programmatic) {
+inline void launch_ex(bool programmatic, int cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  if (!programmatic && cluster_x <= 1) {
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     return;
   }
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (programmatic) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = static_cast<unsigned>(cluster_x);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = n;
   FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+inline void launch_programmatic(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, Args&&... args) {
+  launch_ex(programmatic, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // A comparison switch: the variable's value '1' or '0' turns the feature on or off; unset (or anything else) keeps

@@ -82,8 +82,10 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
   constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows, kPreparers>;
   constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
   if (groups.slots == 0) {
-    launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>(), grid, kThreads, kSmem,
-                        stream, x, w, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+    // With the in-kernel split-K reduction, a tile's split_k CTAs (consecutive along x) form one cluster.
+    launch_ex(p.pdl, p.decode_cluster_reduce ? c.split_k : 1,
+              fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>(), grid, kThreads, kSmem, stream, x, w, p,
+              c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
   } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
     launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(), grid, kThreads, kSmem, stream, x, w,
                         p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);

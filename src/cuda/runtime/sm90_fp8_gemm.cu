@@ -256,7 +256,10 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
       if (ptr) (void)cudaFreeAsync(ptr, stream);
     }
   } owned{nullptr, stream};
-  if (c.split_k > 1) {
+  // The dense decode kernel may reduce its splits inside a cluster instead (GemmParams::decode_cluster_reduce).
+  p.decode_cluster_reduce = (fp4_decode || fp8_decode) && c.split_k > 1 && c.split_k <= 8 &&
+                            env_switch("FINEGEMM_DECODE_CLUSTER_REDUCE", false);
+  if (c.split_k > 1 && !p.decode_cluster_reduce) {
     const size_t bytes = sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n;
     p.workspace = cached_workspace(device, stream, bytes);
     if (!p.workspace) {
