@@ -550,7 +550,10 @@ void make_moe_inputs(std::mt19937_64& rng, MoeData& d, bool calibrate) {
         ++d.active_slots;
       }
     }
-    for (int64_t j = 0; j < p.top_k; ++j) wts[t * p.top_k + j] /= std::max(sum, 1e-6f);
+    // Normalized over the token's routed slots; a token routed nowhere keeps its draws (unused, and no 1e6-fold
+    // weights for a caller that routes it somewhere: they made that one token the whole output's norm).
+    if (sum > 0)
+      for (int64_t j = 0; j < p.top_k; ++j) wts[t * p.top_k + j] /= sum;
   }
   if (calibrate && d.recipe.activation.is_static()) calibrate_static(d);
 }

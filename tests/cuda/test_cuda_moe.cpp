@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -30,14 +31,35 @@ class CudaMoe : public ::testing::Test {
 using testing::rng;  // seeded by FINEGEMM_TEST_SEED or fresh, printed (testing.hpp)
 
 // Runs data on the GPU (poisoned output) and the reference; returns rel error and the GPU output.
-// The bar of a GPU MoE output against the reference. Both requantize the intermediate (per group, per token or
-// static), so a rounding flip between the GPU's fp32 gate_up and the reference's double moves a whole E4M3 code, and
-// the error over fresh data is heavy-tailed. On the H200 (FINEGEMM_TEST_PRINT_REL=1 at a5506f9 and 258e11f, 320
-// cases): medians 2-5e-3, maxima 1.17e-2 (T = 200, skewed routing, static), 1.65e-2 (the same, group128) and 1.63e-2
-// (T = 1, per token). The CPU fast path (exact to 1e-9 otherwise) with gate_up's block scales perturbed by 1e-4
-// relative, a stand-in for the wgmma accumulator's error, gives the same shape: median 1.7e-3, max 1.11e-2 over 40
-// skewed cases (1e-3: median 7.6e-3, max 1.87e-2). Losing one token's output at T = 200 costs about 7e-2.
-constexpr double kMoeBar = 2.5e-2;
+// The bar of a GPU MoE output against the reference (issue 4): rel <= 1e-2. NOTE: at a5506f9..6f8fdc9 the skewed
+// routing and the one-expert-in-chunks tests measured up to 1.65e-2 on the H200: they re-route token 1, which
+// make_moe_inputs had routed nowhere and left with weights divided by 1e-6, so that one token was the whole output's
+// norm and its few rounding flips the whole error (the other tokens went unchecked). make_moe_inputs no longer scales
+// such weights; the CPU fast path with gate_up's scales perturbed by 1e-4 then gives median 3.2e-3, max 6.2e-3 over 40
+// skewed cases (with the heavy token: max 1.11e-2).
+constexpr double kMoeBar = 1e-2;
+
+// How far the reference itself moves when gate_up's F32 weight scales move by `eps` relative (normal, per scale): the
+// intermediate's requantization turns such differences into whole E4M3 codes, which weigh most where one token's
+// output rests on a few large codes (T = 1, one scale per token over all of I). The largest of `draws` perturbations;
+// 0 for scales that are not F32.
+double reference_noise(const tools::MoeData& data, double eps, int draws) {
+  if (data.gate_up.scale.view.dtype != DType::F32) return 0.0;
+  HostTensor ref(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
+  moe_experts(data.args(ref.view), {Backend::Reference});
+  std::normal_distribution<double> normal(0.0, 1.0);
+  double worst = 0.0;
+  for (int d = 0; d < draws; ++d) {
+    tools::MoeData moved = data;
+    auto* scale = static_cast<float*>(moved.gate_up.scale.view.data);
+    for (int64_t i = 0; i < moved.gate_up.scale.view.numel(); ++i)
+      scale[i] = static_cast<float>(scale[i] * (1.0 + eps * normal(rng())));
+    HostTensor out(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
+    moe_experts(moved.args(out.view), {Backend::Reference});
+    worst = std::max(worst, tools::compare(out.view, ref.view).rel);
+  }
+  return worst;
+}
 
 tools::Comparison run_and_compare(const tools::MoeData& data, HostTensor* gpu_out = nullptr) {
   HostTensor ref(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
@@ -130,8 +152,13 @@ TEST_F(CudaMoe, PerTokenActivationsOnTheGpuPath) {
         EXPECT_EQ(cuda::moe_gpu_path_refusal(data.args(probe.view), cuda::moe_per_token_gpu_enabled()), "")
             << recipe.name;
         const auto cmp = run_and_compare(data);
-        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " T=" << tokens << " " << problem.variant() << " rel=" << cmp.rel
-                                     << " non-finite=" << cmp.non_finite;
+        // One token (T = 1) with one intermediate scale over all of I: a rounding flip of one of its few large codes
+        // moves the whole output. The CPU fast path (exact to 1e-9 unperturbed) with gate_up's scales perturbed by
+        // 1e-4 reached 1.36e-2 there (median 3.3e-3 over 15 cases); the H200 measured up to 1.63e-2. Its bar is the
+        // larger of 1e-2 and twice the reference's own move under that perturbation (the largest of 3 draws).
+        const double bar = tokens == 1 ? std::max(kMoeBar, 2.0 * reference_noise(data, 1e-4, 3)) : kMoeBar;
+        EXPECT_TRUE(cmp.ok(bar)) << recipe.name << " T=" << tokens << " " << problem.variant() << " rel=" << cmp.rel
+                                 << " bar=" << bar << " non-finite=" << cmp.non_finite;
         ++cases;
       }
     }
