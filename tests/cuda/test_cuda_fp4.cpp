@@ -520,6 +520,15 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
     const ScopedEnv a(first.first, first.second), b(second.first, second.second);
     check_exact(target, gpu, name + " (" + first.first + "=" + first.second + " " + second.first + "=" + second.second + ")", w);
   }
+  // The cluster split-K with each of the other exits of the producer warps: no preparer, two preparers, and 256 of K
+  // per stage (forced split of 3, so that the cluster is there at every M).
+  for (const Env& other : std::vector<Env>{{"FINEGEMM_FP4_DECODE_DIRECT", "1"},
+                                           {"FINEGEMM_FP4_DECODE_PREPARERS", "2"},
+                                           {"FINEGEMM_FP4_DECODE_STAGE_K", "256"}}) {
+    const ScopedEnv cluster("FINEGEMM_DECODE_CLUSTER_REDUCE", "1"), split("FINEGEMM_FP4_DECODE_SPLIT", "3"),
+        also(other.first, other.second);
+    check_exact(target, gpu, name + " (FINEGEMM_DECODE_CLUSTER_REDUCE=1 split 3 " + other.first + "=" + other.second + ")", w);
+  }
   // The loader warps' batched E2M1 expansion (FINEGEMM_FP4_BATCHED_EXPAND=1, off by default) on the decode and
   // prefill tiles: the same exact results.
   setenv("FINEGEMM_FP4_BATCHED_EXPAND", "1", 1);

@@ -702,7 +702,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
         for (int s = 0; s < split_k; ++s) v += ptx::ld_shared_cluster_f32(at, static_cast<uint32_t>(s));
         const int row = tok0 + tok;
         store_one(p, row, n,
-                  v * load_vec(p.row_mode, p.row_scale, row) * load_vec(p.col_mode, p.col_scale, n) + load_bias(p, n));
+                  splitk_finish(v, load_vec(p.row_mode, p.row_scale, row), load_vec(p.col_mode, p.col_scale, n),
+                                load_bias(p, n)));
       }
       ptx::cluster_sync();  // no CTA leaves while another reads its totals
       continue;             // the dense kernel's one chunk

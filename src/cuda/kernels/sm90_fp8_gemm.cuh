@@ -62,6 +62,13 @@ struct GemmSmem {
       kNumStages * (kStageA + kStageB + kStageScales + kStageRawB) + kBarriers + kSchedulerBytes + kFoldBytes + 1024;
 };
 
+// One output of a split-K finish: the summed partials times the row and column scales, plus the bias, rounded as
+// written (no FMA contraction), so that every path that finishes split-K (this kernel, the decode kernel's cluster
+// reduce) gives the same bits.
+__device__ __forceinline__ float splitk_finish(float sum, float row_scale, float col_scale, float bias) {
+  return __fadd_rn(__fmul_rn(__fmul_rn(sum, row_scale), col_scale), bias);
+}
+
 __device__ __forceinline__ float load_b_scale(const GemmParams& p, int group, int block_row, int k_index) {
   const int64_t base = group * p.b_scale_group_stride + block_row * p.b_scale_stride_n;
   if (p.b_scale_fmt == ScaleFmt::F32) return static_cast<const float*>(p.b_scale)[base + k_index];

@@ -23,8 +23,8 @@ __global__ void splitk_reduce_kernel(const GemmParams p, int split_k) {
       v1 += v.y;
     }
     const float rs = load_vec(p.row_mode, p.row_scale, row);
-    store_pair(p, row, col, v0 * rs * load_vec(p.col_mode, p.col_scale, col) + load_bias(p, col),
-               v1 * rs * load_vec(p.col_mode, p.col_scale, col + 1) + load_bias(p, col + 1));
+    store_pair(p, row, col, splitk_finish(v0, rs, load_vec(p.col_mode, p.col_scale, col), load_bias(p, col)),
+               splitk_finish(v1, rs, load_vec(p.col_mode, p.col_scale, col + 1), load_bias(p, col + 1)));
   }
 }
 
