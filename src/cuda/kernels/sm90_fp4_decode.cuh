@@ -328,8 +328,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   const bool cluster_reduce = !kGrouped && p.decode_cluster_reduce;
   auto leave_cluster = [&] {
     if (cluster_reduce) {
-      ptx::cluster_sync();
-      ptx::cluster_sync();
+      ptx::cluster_sync_relaxed();  // they publish nothing through either barrier
+      ptx::cluster_sync_relaxed();
     }
   };
   if (threadIdx.x == 0) {
@@ -705,7 +705,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
                   splitk_finish(v, load_vec(p.row_mode, p.row_scale, row), load_vec(p.col_mode, p.col_scale, n),
                                 load_bias(p, n)));
       }
-      ptx::cluster_sync();  // no CTA leaves while another reads its totals
+      // No CTA leaves while another reads its totals. Relaxed: this thread's loads of the others' totals have returned
+      // (their values are stored), and it publishes nothing through this barrier (y is not read in the kernel), so
+      // the release fence (a MEMBAR over y's stores) is not needed.
+      ptx::cluster_sync_relaxed();
       continue;             // the dense kernel's one chunk
     }
 #pragma unroll

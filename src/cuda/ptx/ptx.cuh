@@ -68,6 +68,12 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
 }
+// The same barrier with a relaxed arrival (no release fence: the thread publishes no writes through it, e.g. when it
+// only keeps its CTA's shared memory alive until the cluster's reads of it are done).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");
+}
 // Arrive on the barrier at the same shared-memory offset in CTA `rank` of the cluster.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
