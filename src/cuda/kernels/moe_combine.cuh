@@ -36,6 +36,8 @@ template <typename y_t, typename out_t>
 __global__ void __launch_bounds__(kCombineMaxThreads)
     moe_combine_kernel(const y_t* __restrict__ y, const int* __restrict__ slot_row, int top_k, int hidden_size,
                        out_t* __restrict__ out) {
+  wait_for_prior_grids();  // a programmatic launch (the decode path) waits for down
+  allow_dependent_launch();
   const int64_t token = blockIdx.x;
   const int vec = blockIdx.y * blockDim.x + threadIdx.x;
   if (vec >= hidden_size / 8) return;

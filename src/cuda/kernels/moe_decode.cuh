@@ -17,6 +17,7 @@ inline constexpr int kActQuantThreads = 256;
 __global__ void __launch_bounds__(kActiveExpertThreads)
     moe_active_experts_kernel(const int32_t* __restrict__ offsets, int num_experts, int32_t* __restrict__ list,
                               int32_t* __restrict__ count) {
+  wait_for_prior_grids();    // a programmatic launch waits for the routing's offsets
   allow_dependent_launch();  // gate_up under FINEGEMM_PDL=1 waits for this kernel before it reads the list
   __shared__ int warp_counts[kActiveExpertThreads / 32];
   __shared__ int base;
@@ -77,6 +78,7 @@ __global__ void __launch_bounds__(kActQuantThreads)
                               int act_kind, float limit, float alpha, const int32_t* __restrict__ offsets,
                               int num_experts, int group, bool pow2, const float* __restrict__ static_scales,
                               uint8_t* __restrict__ h_q, float* __restrict__ h_scale) {
+  wait_for_prior_grids();    // a programmatic launch waits for gate_up
   allow_dependent_launch();  // down under FINEGEMM_PDL=1 streams its first weights meanwhile, then waits for this kernel
   const int r = static_cast<int>(blockIdx.x);
   if (r >= offsets[num_experts]) return;  // the whole block: rows past the routed ones are never read

@@ -21,6 +21,8 @@ __global__ void moe_permute_quantize_kernel(const T* __restrict__ hidden, int hi
                                             const float* __restrict__ static_scales, bool pow2,
                                             uint8_t* __restrict__ x_q, float* __restrict__ x_scale) {
   static_assert(kVecs >= 1 && kVecs <= 8, "kVecs: 1 to 8 vectors of 8 elements per thread");
+  wait_for_prior_grids();  // a programmatic launch (the decode path) waits for the routing
+  allow_dependent_launch();
   const int64_t token = blockIdx.x;
   const int num_vectors = hidden_size / 8;
 

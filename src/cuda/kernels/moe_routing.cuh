@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/quant_activations.cuh"
 #include "cuda/runtime/moe_routing.hpp"
 
 namespace finegemm::cuda {
@@ -239,6 +240,10 @@ __global__ void __launch_bounds__(kRouteThreads)
   __shared__ int warp_base[kRouteWarps][kMaxRouteExperts];
   __shared__ int warp_sums[kRouteWarps];
   __shared__ int errors;
+  // The MoE decode path's chain of programmatic launches: wait for the kernel ahead (the caller's, which wrote
+  // top_k_index), then let the next one (the permutation) start.
+  wait_for_prior_grids();
+  allow_dependent_launch();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
 #pragma unroll

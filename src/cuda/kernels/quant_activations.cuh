@@ -224,6 +224,15 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// A kernel launched with programmatic stream serialization may start before the kernel ahead of it in the stream has
+// completed: it waits here (griddepcontrol.wait) before it reads that kernel's outputs or writes anything an earlier
+// kernel may still read. A no-op for a kernel launched the ordinary way.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
 template <typename T, int kGroup, bool kPow2>
 __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel(const T* __restrict__ x,
                                                                                  uint8_t* __restrict__ x_q,

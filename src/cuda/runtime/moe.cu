@@ -85,8 +85,10 @@ MoeGateLayout moe_gate_layout(const MoeArgs& args) {
   return args.interleaved_gate_up ? MoeGateLayout::Interleaved : MoeGateLayout::Halves;
 }
 
-void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream) {
-  if (in.rows > 0 && moe_decode_path(args, in.rows)) return moe_expert_gemms_decode(args, in, y, y_f32, stream);
+void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream,
+                      const MoeDecodeScratch* decode_scratch, bool chain) {
+  if (in.rows > 0 && moe_decode_path(args, in.rows))
+    return moe_expert_gemms_decode(args, in, y, y_f32, stream, decode_scratch, chain);
   const int64_t hidden = args.down.shape[1];
   const bool gated = moe_activation_has_gate(args.activation);
   const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
@@ -174,10 +176,26 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   if (num_tokens == 0) return;
   const int64_t rows = num_tokens * top_k;
 
-  // 1. Routing.
+  // Every scratch buffer is allocated before the first kernel: on the decode path the kernels are launched
+  // programmatically (moe_decode_pdl_chain), and an allocation between two of them (a graph memory node under capture)
+  // would keep the second from starting before the first completes.
+  const bool decode = moe_decode_path(args, rows);
+  const bool chain = decode && moe_decode_pdl_chain();
   StreamScratch offsets((num_experts + 1) * 4, stream), row_token(rows * 4, stream), row_expert(rows * 4, stream),
       row_weight(rows * 4, stream), slot_row(rows * 4, stream), error_count(4, stream),
       route_ws(moe_route_workspace_bytes(num_tokens, top_k, num_experts), stream);
+  const bool dynamic = !act.is_static();
+  const bool per_token = act.granularity == ActGranularity::PerToken;
+  const int64_t x_scale_cols = dynamic && !per_token ? hidden / act.group_size : 0;
+  StreamScratch x_q(rows * hidden, stream),
+      x_scale(per_token ? rows * 4 : (dynamic ? rows * x_scale_cols * 4 : 16), stream);
+  // NOTE: y is FP32 while it stays under 1 GiB (exact sums in the combine), BF16 beyond (T·k·H large prefill).
+  const bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
+  StreamScratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
+  std::optional<MoeDecodeScratch> decode_scratch;
+  if (decode) decode_scratch.emplace(args, rows, num_experts, stream);
+
+  // 1. Routing.
   MoeRouting routing;
   routing.expert_offsets = offsets.as<int32_t>();
   routing.row_token = row_token.as<int32_t>();
@@ -186,22 +204,14 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   routing.slot_row = slot_row.as<int32_t>();
   routing.error_count = error_count.as<int32_t>();
   launch_moe_route(args.top_k_index.data, args.top_k_index.dtype, args.top_k_weights.data, args.top_k_weights.dtype,
-                   num_tokens, top_k, num_experts, routing, route_ws.as<void>(), stream);
+                   num_tokens, top_k, num_experts, routing, route_ws.as<void>(), stream, chain);
 
   // 2. Each token row read once, quantized, written to its experts' segments.
-  const bool dynamic = !act.is_static();
-  const bool per_token = act.granularity == ActGranularity::PerToken;
-  const int64_t x_scale_cols = dynamic && !per_token ? hidden / act.group_size : 0;
-  StreamScratch x_q(rows * hidden, stream),
-      x_scale(per_token ? rows * 4 : (dynamic ? rows * x_scale_cols * 4 : 16), stream);
   const float* gate_up_act_scale = args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr;
   launch_moe_permute_quantize(args.hidden.data, args.hidden.dtype, num_tokens, hidden, top_k, routing, act,
-                              gate_up_act_scale, x_q.as<uint8_t>(), x_scale.as<float>(), stream);
+                              gate_up_act_scale, x_q.as<uint8_t>(), x_scale.as<float>(), stream, chain);
 
   // 3-4. gate_up (activation and requantization fused), then down times the routing weight: y [rows, H].
-  // NOTE: y is FP32 while it stays under 1 GiB (exact sums in the combine), BF16 beyond (T·k·H large prefill).
-  const bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
-  StreamScratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
   PermutedRows in;
   in.x_q = x_q.as<uint8_t>();
   in.x_scale = x_scale.as<float>();
@@ -211,11 +221,11 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   in.num_experts = num_experts;
   in.gate_up_act_scale = gate_up_act_scale;
   in.down_act_scale = args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr;
-  moe_expert_gemms(args, in, y.as<void>(), y_f32, stream);
+  moe_expert_gemms(args, in, y.as<void>(), y_f32, stream, decode_scratch ? &*decode_scratch : nullptr, chain);
 
   // 5. Combine: one gather per token, slots summed in order.
   launch_moe_combine(y.as<void>(), y_f32 ? DType::F32 : DType::BF16, routing, num_tokens, top_k, hidden, args.out.data,
-                     args.out.dtype, stream);
+                     args.out.dtype, stream, chain);
 }
 
 }  // namespace finegemm::cuda

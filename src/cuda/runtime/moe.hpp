@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/kernels/gemm_params.cuh"
+#include "cuda/runtime/gemm_args.hpp"
 #include "finegemm/moe.hpp"
 
 namespace finegemm::cuda {
@@ -39,13 +40,28 @@ struct PermutedRows {
 // The experts' two grouped GEMMs: gate_up with the activation and its requantization fused, then down with the
 // routing weight in its epilogue: y [rows, H] (F32 or BF16, rows scaled by their routing weight), in the rows'
 // order. Weights, scales, biases and the activation come from `args`; its hidden/top_k/out are not read.
-void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream);
+// decode_scratch / chain: passed on to moe_expert_gemms_decode on the decode path.
+void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream,
+                      const struct MoeDecodeScratch* decode_scratch = nullptr, bool chain = false);
 // The expert GEMMs' common parameters: shapes, promotion, weight scales and bias (gate_up: K = H; down: K = I),
 // a_group for group activation scales; the callers add the activation scales and the output.
 GemmParams moe_expert_gemm_params(const MoeArgs& args, bool gate_up, int64_t rows);
 // Where a row's gate and up columns lie in the gate_up output (halves, interleaved, or no gate).
 MoeGateLayout moe_gate_layout(const MoeArgs& args);
-// The same on the decode path (moe_decode.cu); moe_expert_gemms calls it where moe_decode_path says so.
-void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream);
+
+// The decode path's scratch (the expert list, gate_up's F32 output, the intermediate's codes and scales) for `rows`
+// routed rows. moe_experts allocates it before the block's first kernel: an allocation between two programmatic
+// launches (a graph memory node under capture) would keep the second from starting early.
+struct MoeDecodeScratch {
+  MoeDecodeScratch(const MoeArgs& args, int64_t rows, int num_experts, cudaStream_t stream);
+  StreamScratch list, count, y_gu, h_q, h_scale;
+};
+// Whether the MoE decode path launches its small kernels (routing, permutation, expert list, activation, combine)
+// programmatically, each resident before the one ahead completes (FINEGEMM_MOE_PDL_CHAIN=0 turns it off).
+bool moe_decode_pdl_chain();
+// The same on the decode path (moe_decode.cu); moe_expert_gemms calls it where moe_decode_path says so. Without
+// `scratch` it allocates its own; `chain`: the expert list and activation kernels launch programmatically.
+void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream,
+                             const MoeDecodeScratch* scratch = nullptr, bool chain = false);
 
 }  // namespace finegemm::cuda

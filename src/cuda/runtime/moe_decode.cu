@@ -2,6 +2,7 @@
 // launches (expert list, gate_up on the grouped decode kernel, activation + quantization per row, down).
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernels/moe_decode.cuh"
@@ -36,12 +37,39 @@ bool moe_decode_path(const MoeArgs& args, int64_t rows) {
          decode_kernel_kind(moe_expert_gemm_params(args, false, rows)) != DecodeKind::None;
 }
 
+namespace {
+
+// Sizes of the decode path's buffers: the intermediate's width I, and its dynamic scales per row (group recipes).
+int64_t moe_inter(const MoeArgs& args) {
+  return args.down.shape[2] * (args.weight_recipe.element == ElementType::FP4_E2M1 ? 2 : 1);
+}
+int64_t moe_h_scale_cols(const MoeArgs& args) {
+  const auto& act = args.activation_recipe;
+  return !act.is_static() && act.granularity != ActGranularity::PerToken ? moe_inter(args) / act.group_size : 0;
+}
+size_t moe_h_scale_bytes(const MoeArgs& args, int64_t rows) {
+  const auto& act = args.activation_recipe;
+  if (act.granularity == ActGranularity::PerToken) return static_cast<size_t>(rows * 4);
+  return act.is_static() ? 16 : static_cast<size_t>(rows * moe_h_scale_cols(args) * 4);
+}
+
+}  // namespace
+
+MoeDecodeScratch::MoeDecodeScratch(const MoeArgs& args, int64_t rows, int num_experts, cudaStream_t stream)
+    : list(static_cast<size_t>(num_experts) * 4, stream),
+      count(4, stream),
+      y_gu(static_cast<size_t>(rows * args.gate_up.shape[1] * 4), stream),
+      h_q(static_cast<size_t>(rows * moe_inter(args)), stream),
+      h_scale(moe_h_scale_bytes(args, rows), stream) {}
+
+bool moe_decode_pdl_chain() { return env_switch("FINEGEMM_MOE_PDL_CHAIN", true); }
+
 // The decode path: gate_up on the decode kernel over the experts with rows (F32 out, scales and bias applied), one
 // block per row for the activation and the intermediate's quantization (any activation recipe: per group, per row,
 // static per expert), then down with the routing weight, also on the decode kernel.
-void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream) {
-  const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
-  const int64_t hidden = args.down.shape[1], inter = args.down.shape[2] * (fp4 ? 2 : 1);
+void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream,
+                             const MoeDecodeScratch* scratch, bool chain) {
+  const int64_t hidden = args.down.shape[1], inter = moe_inter(args);
   const int64_t gate_up_rows = args.gate_up.shape[1];
   const auto& act = args.activation_recipe;
   const bool dynamic = !act.is_static(), per_token = act.granularity == ActGranularity::PerToken;
@@ -51,12 +79,13 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   // FP8 125.7 vs 129.0 µs, FP4 117.8 vs 123.1 (bench/results/decode_pdl_2026-12-02_1a01a29.json).
   const bool pdl = env_switch("FINEGEMM_PDL", true);
 
-  StreamScratch list(in.num_experts * 4, stream), count(4, stream);
-  // gate_up's output, allocated before the list kernel: a stream-ordered allocation between the two would stand
-  // between the kernels and keep gate_up's programmatic launch (FINEGEMM_PDL=1) from overlapping the list kernel.
-  StreamScratch y_gu(rows * gate_up_rows * 4, stream);
-  moe_active_experts_kernel<<<1, kActiveExpertThreads, 0, stream>>>(in.expert_offsets, in.num_experts,
-                                                                    list.as<int32_t>(), count.as<int32_t>());
+  // Every buffer before the first kernel (MoeDecodeScratch): no allocation stands between the launches.
+  std::optional<MoeDecodeScratch> own;
+  if (!scratch) scratch = &own.emplace(args, rows, in.num_experts, stream);
+  const StreamScratch &list = scratch->list, &count = scratch->count, &y_gu = scratch->y_gu, &h_q = scratch->h_q,
+                      &h_scale = scratch->h_scale;
+  launch_programmatic(chain, moe_active_experts_kernel, 1, kActiveExpertThreads, 0, stream, in.expert_offsets,
+                      in.num_experts, list.as<int32_t>(), count.as<int32_t>());
   FG_CUDA_CHECK(cudaGetLastError());
   DecodeGroups groups;
   groups.list = list.as<int32_t>();
@@ -78,15 +107,14 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
     launch_sm90_decode_grouped(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], groups, wn_rows, p, stream);
   }
   // The activation and the intermediate's E4M3 codes and scales.
-  const int64_t h_scale_cols = dynamic && !per_token ? inter / act.group_size : 0;
-  StreamScratch h_q(rows * inter, stream),
-      h_scale(per_token ? rows * 4 : (dynamic ? rows * h_scale_cols * 4 : 16), stream);
+  const int64_t h_scale_cols = moe_h_scale_cols(args);
   {
     const MoeGateLayout layout = moe_gate_layout(args);
-    moe_act_quant_rows_kernel<<<static_cast<unsigned>(rows), kActQuantThreads, 0, stream>>>(
-        y_gu.as<float>(), gate_up_rows, inter, layout, static_cast<int>(args.activation), args.swiglu_limit,
-        args.swiglu_alpha, in.expert_offsets, in.num_experts, dynamic && !per_token ? act.group_size : 0,
-        act.pow2_scale, dynamic ? nullptr : in.down_act_scale, h_q.as<uint8_t>(), h_scale.as<float>());
+    launch_programmatic(chain, moe_act_quant_rows_kernel, static_cast<unsigned>(rows), kActQuantThreads, 0, stream,
+                        y_gu.as<float>(), gate_up_rows, inter, layout, static_cast<int>(args.activation),
+                        args.swiglu_limit, args.swiglu_alpha, in.expert_offsets, in.num_experts,
+                        dynamic && !per_token ? act.group_size : 0, act.pow2_scale,
+                        dynamic ? nullptr : in.down_act_scale, h_q.as<uint8_t>(), h_scale.as<float>());
     FG_CUDA_CHECK(cudaGetLastError());
   }
   // down, times the routing weight: y [rows, H].

@@ -10,12 +10,20 @@
 #include "cuda/kernels/moe_permute.cuh"
 #include "cuda/kernels/moe_routing.cuh"
 #include "cuda/runtime/check.hpp"
+#include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/moe_routing.hpp"
 
 namespace finegemm::cuda {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+// Where a launch goes: the stream, and whether the kernel may start before the one ahead of it completes
+// (programmatic stream serialization; the kernels wait for it before they touch memory: wait_for_prior_grids).
+struct StreamLaunch {
+  cudaStream_t stream;
+  bool programmatic;
+};
 
 int64_t route_chunks(int64_t num_tokens, int top_k) { return (num_tokens * top_k + kRouteChunk - 1) / kRouteChunk; }
 
@@ -43,32 +51,32 @@ void check_routing_pointers(const MoeRouting& r, const char* where) {
 
 template <typename index_t, typename weight_t>
 void launch_route_typed(const index_t* top_k_index, const weight_t* top_k_weights, int num_slots, int top_k,
-                        int num_experts, const MoeRouting& routing, void* workspace, cudaStream_t stream) {
+                        int num_experts, const MoeRouting& routing, void* workspace, StreamLaunch stream) {
   const int num_chunks = (num_slots + kRouteChunk - 1) / kRouteChunk;
   if (num_chunks <= 1) {
     // NOTE: decode (T·k ≤ 1024): one launch instead of three; the workspace is not touched.
-    moe_route_one_chunk_kernel<index_t, weight_t><<<1, kRouteThreads, 0, stream>>>(
-        top_k_index, top_k_weights, num_slots, top_k, num_experts, routing);
+    launch_programmatic(stream.programmatic, moe_route_one_chunk_kernel<index_t, weight_t>, 1, kRouteThreads, 0,
+                        stream.stream, top_k_index, top_k_weights, num_slots, top_k, num_experts, routing);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }
   // Chunked path: count per chunk, scan (one block), place per chunk
   int* chunk_counts = static_cast<int*>(workspace);                                   // [chunks, E]
   int* chunk_errors = chunk_counts + static_cast<int64_t>(num_chunks) * num_experts;  // [chunks]
-  moe_count_kernel<index_t><<<num_chunks, kRouteThreads, 0, stream>>>(top_k_index, num_slots, num_experts,
+  moe_count_kernel<index_t><<<num_chunks, kRouteThreads, 0, stream.stream>>>(top_k_index, num_slots, num_experts,
                                                                        chunk_counts, chunk_errors);
   FG_CUDA_CHECK(cudaGetLastError());
-  moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(chunk_counts, chunk_errors, num_chunks, num_experts,
+  moe_scan_kernel<<<1, kScanThreads, 0, stream.stream>>>(chunk_counts, chunk_errors, num_chunks, num_experts,
                                                   routing.expert_offsets, routing.error_count);
   FG_CUDA_CHECK(cudaGetLastError());
-  moe_place_kernel<index_t, weight_t><<<num_chunks, kRouteThreads, 0, stream>>>(
+  moe_place_kernel<index_t, weight_t><<<num_chunks, kRouteThreads, 0, stream.stream>>>(
       top_k_index, top_k_weights, num_slots, top_k, num_experts, chunk_counts, routing.expert_offsets, routing);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename index_t>
 void launch_route_weights(const index_t* top_k_index, const void* top_k_weights, DType weight_dtype, int num_slots,
-                          int top_k, int num_experts, const MoeRouting& routing, void* workspace, cudaStream_t stream) {
+                          int top_k, int num_experts, const MoeRouting& routing, void* workspace, StreamLaunch stream) {
   switch (weight_dtype) {
     case DType::F32:
       return launch_route_typed(top_k_index, static_cast<const float*>(top_k_weights), num_slots, top_k, num_experts,
@@ -92,17 +100,18 @@ constexpr int kPermuteMaxThreads = 512;
 
 template <typename T, int kVecs, PermuteQuant kQuant>
 void launch_permute_vecs(const T* hidden, int64_t num_tokens, int hidden_size, int top_k, const MoeRouting& routing,
-                         const float* static_scales, bool pow2, uint8_t* x_q, float* x_scale, cudaStream_t stream) {
+                         const float* static_scales, bool pow2, uint8_t* x_q, float* x_scale, StreamLaunch stream) {
   const int num_vectors = hidden_size / 8;
   const int threads = ((num_vectors + kVecs - 1) / kVecs + 31) / 32 * 32;
-  moe_permute_quantize_kernel<T, kVecs, kQuant><<<static_cast<unsigned>(num_tokens), threads, 0, stream>>>(
-      hidden, hidden_size, top_k, routing.slot_row, routing.row_expert, static_scales, pow2, x_q, x_scale);
+  launch_programmatic(stream.programmatic, moe_permute_quantize_kernel<T, kVecs, kQuant>,
+                      static_cast<unsigned>(num_tokens), threads, 0, stream.stream, hidden, hidden_size, top_k,
+                      routing.slot_row, routing.row_expert, static_scales, pow2, x_q, x_scale);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T, PermuteQuant kQuant>
 void launch_permute_quant(const T* hidden, int64_t num_tokens, int hidden_size, int top_k, const MoeRouting& routing,
-                          const float* static_scales, bool pow2, uint8_t* x_q, float* x_scale, cudaStream_t stream) {
+                          const float* static_scales, bool pow2, uint8_t* x_q, float* x_scale, StreamLaunch stream) {
   const int num_vectors = hidden_size / 8;
   if (num_vectors <= kPermuteMaxThreads)
     launch_permute_vecs<T, 1, kQuant>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
@@ -121,7 +130,7 @@ void launch_permute_quant(const T* hidden, int64_t num_tokens, int hidden_size, 
 template <typename T>
 void launch_permute_typed(const T* hidden, int64_t num_tokens, int hidden_size, int top_k, const MoeRouting& routing,
                           const ActivationRecipe& recipe, const float* static_scales, uint8_t* x_q, float* x_scale,
-                          cudaStream_t stream) {
+                          StreamLaunch stream) {
   const bool pow2 = recipe.pow2_scale;
   switch (recipe.granularity) {
     case ActGranularity::PerTokenGroup:
@@ -143,17 +152,18 @@ void launch_permute_typed(const T* hidden, int64_t num_tokens, int hidden_size, 
 
 template <typename y_t, typename out_t>
 void launch_combine_typed(const y_t* y, const int* slot_row, int64_t num_tokens, int top_k, int hidden_size,
-                          out_t* out, cudaStream_t stream) {
+                          out_t* out, StreamLaunch stream) {
   const int num_vectors = hidden_size / 8;
   const int threads = std::min(kCombineMaxThreads, (num_vectors + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>((num_vectors + threads - 1) / threads));
-  moe_combine_kernel<y_t, out_t><<<grid, threads, 0, stream>>>(y, slot_row, top_k, hidden_size, out);
+  launch_programmatic(stream.programmatic, moe_combine_kernel<y_t, out_t>, grid, threads, 0, stream.stream, y, slot_row,
+                      top_k, hidden_size, out);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename y_t>
 void launch_combine_out(const y_t* y, const int* slot_row, int64_t num_tokens, int top_k, int hidden_size, void* out,
-                        DType out_dtype, cudaStream_t stream) {
+                        DType out_dtype, StreamLaunch stream) {
   switch (out_dtype) {
     case DType::F32:
       return launch_combine_typed(y, slot_row, num_tokens, top_k, hidden_size, static_cast<float*>(out), stream);
@@ -178,7 +188,7 @@ size_t moe_route_workspace_bytes(int64_t num_tokens, int top_k, int num_experts)
 
 void launch_moe_route(const void* top_k_index, DType index_dtype, const void* top_k_weights, DType weight_dtype,
                       int64_t num_tokens, int top_k, int num_experts, const MoeRouting& routing, void* workspace,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool programmatic) {
   check_routing_sizes(num_tokens, top_k, "moe_route");
   if (num_experts < 1 || num_experts > kMaxRouteExperts)
     throw Error("moe_route: num_experts: expected 1 to " + str(kMaxRouteExperts) + ", got " + str(num_experts));
@@ -201,15 +211,16 @@ void launch_moe_route(const void* top_k_index, DType index_dtype, const void* to
   const int num_slots = static_cast<int>(num_tokens * top_k);
   if (index_dtype == DType::I32)
     launch_route_weights(static_cast<const int32_t*>(top_k_index), top_k_weights, weight_dtype, num_slots, top_k,
-                         num_experts, routing, workspace, stream);
+                         num_experts, routing, workspace, StreamLaunch{stream, programmatic});
   else
     launch_route_weights(static_cast<const int64_t*>(top_k_index), top_k_weights, weight_dtype, num_slots, top_k,
-                         num_experts, routing, workspace, stream);
+                         num_experts, routing, workspace, StreamLaunch{stream, programmatic});
 }
 
 void launch_moe_permute_quantize(const void* hidden, DType hidden_dtype, int64_t num_tokens, int64_t hidden_size,
                                  int top_k, const MoeRouting& routing, const ActivationRecipe& recipe,
-                                 const float* static_scales, uint8_t* x_q, float* x_scale, cudaStream_t stream) {
+                                 const float* static_scales, uint8_t* x_q, float* x_scale, cudaStream_t stream,
+                                 bool programmatic) {
   check_routing_sizes(num_tokens, top_k, "moe_permute_quantize");
   constexpr int64_t kMaxHidden = 8 * 8 * kPermuteMaxThreads;  // 8 vectors of 8 per thread, 512 threads
   if (hidden_size <= 0 || hidden_size % 16 != 0 || hidden_size > kMaxHidden)
@@ -248,18 +259,18 @@ void launch_moe_permute_quantize(const void* hidden, DType hidden_dtype, int64_t
   switch (hidden_dtype) {
     case DType::F32:
       return launch_permute_typed(static_cast<const float*>(hidden), num_tokens, h, top_k, routing, recipe,
-                                  static_scales, x_q, x_scale, stream);
+                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic});
     case DType::BF16:
       return launch_permute_typed(static_cast<const __nv_bfloat16*>(hidden), num_tokens, h, top_k, routing, recipe,
-                                  static_scales, x_q, x_scale, stream);
+                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic});
     default:
       return launch_permute_typed(static_cast<const __half*>(hidden), num_tokens, h, top_k, routing, recipe,
-                                  static_scales, x_q, x_scale, stream);
+                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic});
   }
 }
 
 void launch_moe_combine(const void* y, DType y_dtype, const MoeRouting& routing, int64_t num_tokens, int top_k,
-                        int64_t hidden_size, void* out, DType out_dtype, cudaStream_t stream) {
+                        int64_t hidden_size, void* out, DType out_dtype, cudaStream_t stream, bool programmatic) {
   check_routing_sizes(num_tokens, top_k, "moe_combine");
   if (hidden_size <= 0 || hidden_size % 8 != 0 || hidden_size > std::numeric_limits<int32_t>::max())
     throw Error("y: expected a hidden size that is a positive multiple of 8, got H=" + str(hidden_size));
@@ -279,13 +290,13 @@ void launch_moe_combine(const void* y, DType y_dtype, const MoeRouting& routing,
   switch (y_dtype) {
     case DType::F32:
       return launch_combine_out(static_cast<const float*>(y), routing.slot_row, num_tokens, top_k, h, out, out_dtype,
-                                stream);
+                                StreamLaunch{stream, programmatic});
     case DType::BF16:
       return launch_combine_out(static_cast<const __nv_bfloat16*>(y), routing.slot_row, num_tokens, top_k, h, out,
-                                out_dtype, stream);
+                                out_dtype, StreamLaunch{stream, programmatic});
     default:
       return launch_combine_out(static_cast<const __half*>(y), routing.slot_row, num_tokens, top_k, h, out, out_dtype,
-                                stream);
+                                StreamLaunch{stream, programmatic});
   }
 }
 

@@ -27,23 +27,29 @@ struct MoeRouting {
 // Scratch the routing kernels need (in bytes), for T tokens, k slots and E experts.
 size_t moe_route_workspace_bytes(int64_t num_tokens, int top_k, int num_experts);
 
+// `programmatic` (the MoE decode path): the kernel is launched with programmatic stream serialization, so that it is
+// resident before the kernel ahead of it completes; it waits for that kernel (griddepcontrol.wait) before it touches
+// memory, and lets the next kernel launch at once. (The routing's chunked path, T·k > 1024, launches the ordinary way.)
+
 // top_k_index [T, k] I32/I64 (-1 = skip), top_k_weights [T, k] F32/BF16/F16 → routing (all of it written,
 // error_count included: it is zeroed by the launch).
 void launch_moe_route(const void* top_k_index, DType index_dtype, const void* top_k_weights, DType weight_dtype,
                       int64_t num_tokens, int top_k, int num_experts, const MoeRouting& routing, void* workspace,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool programmatic = false);
 
 // Each token row of hidden [T, H] (F32/BF16/F16) is read once, quantized per `recipe`, and written to every permuted
 // row it routes to: x_q [T·k, H] E4M3, x_scale [T·k, H/group] (group) or [T·k] (token). Static recipe: the scale of
 // permuted row r is static_scales[row_expert[r]] (x_scale unused). Rows past expert_offsets[E] are not written.
 void launch_moe_permute_quantize(const void* hidden, DType hidden_dtype, int64_t num_tokens, int64_t hidden_size,
                                  int top_k, const MoeRouting& routing, const ActivationRecipe& recipe,
-                                 const float* static_scales, uint8_t* x_q, float* x_scale, cudaStream_t stream);
+                                 const float* static_scales, uint8_t* x_q, float* x_scale, cudaStream_t stream,
+                                 bool programmatic = false);
 
 // out[t] = Σ_{j = 0..k-1, slot_row[t,j] ≥ 0} y[slot_row[t, j]] in slot order (deterministic, no atomics).
 // y [T·k, H] is F32 or BF16 (rows already scaled by their routing weight); out [T, H] F32/BF16/F16.
 // Tokens with no routed slot get zeros.
 void launch_moe_combine(const void* y, DType y_dtype, const MoeRouting& routing, int64_t num_tokens, int top_k,
-                        int64_t hidden_size, void* out, DType out_dtype, cudaStream_t stream);
+                        int64_t hidden_size, void* out, DType out_dtype, cudaStream_t stream,
+                        bool programmatic = false);
 
 }  // namespace finegemm::cuda
