@@ -369,10 +369,20 @@ TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
 
 TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {
   // The general grouped path and the decode path (512 rows over 16 experts: the decode path's default), each forced;
-  // the decode path also with programmatic dependent launch (FINEGEMM_PDL=1: programmatic edges in the graph).
-  for (const auto& [decode_env, pdl] : {std::pair{"0", ""}, {"1", ""}, {"1", "1"}}) {
-  const ScopedEnv decode("FINEGEMM_MOE_DECODE", decode_env);
-  const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
+  // the decode path with its defaults (programmatic launches of the GEMMs and of the small kernels between them:
+  // programmatic edges in the graph), with FINEGEMM_PDL=1 set, and with neither (FINEGEMM_PDL=0,
+  // FINEGEMM_MOE_PDL_CHAIN=0: ordinary launches only).
+  struct Case {
+    const char* decode;
+    const char* pdl;
+    const char* chain;
+  };
+  for (const Case& c : {Case{"0", "", ""}, Case{"1", "", ""}, Case{"1", "1", ""}, Case{"1", "0", "0"}}) {
+  SCOPED_TRACE(std::string("FINEGEMM_MOE_DECODE=") + c.decode + " FINEGEMM_PDL=" + c.pdl +
+               " FINEGEMM_MOE_PDL_CHAIN=" + c.chain);
+  const ScopedEnv decode("FINEGEMM_MOE_DECODE", c.decode);
+  const ScopedEnv programmatic("FINEGEMM_PDL", c.pdl);
+  const ScopedEnv chain("FINEGEMM_MOE_PDL_CHAIN", c.chain);
   MoeProblem problem;
   problem.tokens = 64;
   problem.hidden = 512;
