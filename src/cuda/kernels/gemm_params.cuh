@@ -61,10 +61,6 @@ struct GemmParams {
   // and each sums one slice of the tile's rows over all of them (split order, as splitk_reduce_kernel) and stores y:
   // no workspace and no reduce kernel. Needs split_k <= 8 (a portable cluster).
   bool decode_cluster_reduce = false;
-  // The decode kernel's loader also asks L2 for the weights `decode_l2_prefetch` K blocks ahead, 256 bytes of every
-  // row of the tile at a time (cp.async.bulk.prefetch.tensor), so that DRAM sees longer runs per row than the stages'
-  // 128- or 64-byte boxes (FINEGEMM_DECODE_L2_PREFETCH=D; 0, off, until measured).
-  int decode_l2_prefetch = 0;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -257,7 +257,6 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
                                   kRows == 128 ? 1 : (WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
-                           const __grid_constant__ CUtensorMap tma_w_prefetch,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
                            int tiles) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -438,14 +437,6 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
           for (int j = 0; j < kStageK / kGemmBlockK; ++j)
             ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],
                              kb * kStageK + j * kGemmBlockK, tok0);
-          // L2 prefetch (p.decode_l2_prefetch): 256 bytes of each of the tile's rows (tma_w_prefetch's box) per
-          // aligned run of K blocks, that many blocks ahead, inside this CTA's split.
-          if (p.decode_l2_prefetch > 0) {
-            constexpr int kBurst = 256 / kRowBytes;  // K blocks per prefetch box
-            const int ahead = kb + p.decode_l2_prefetch;
-            if (ahead % kBurst == 0 && ahead < kb_begin + kb_count)
-              ptx::tma_prefetch_2d(&tma_w_prefetch, ahead * kRowBytes, w_row0 + n0);
-          }
         }
         float* xs = smem_xs + stage * kSteps * WN;
         // Weight scales: words of four groups ([kBlocks][64], prepared into the fold area a stage later) or floats

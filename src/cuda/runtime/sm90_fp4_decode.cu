@@ -74,8 +74,8 @@ int prepare(const Fp4DecodeConfig& c, int device) {
 }
 
 template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
-void launch(const CUtensorMap& x, const CUtensorMap& w, const CUtensorMap& wp, const GemmParams& p,
-            const Fp4DecodeConfig& c, const DecodeGroups& groups, cudaStream_t stream) {
+void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
+            const DecodeGroups& groups, cudaStream_t stream) {
   const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
   if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
   const unsigned grid = static_cast<unsigned>(ctas);
@@ -84,11 +84,11 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const CUtensorMap& wp, c
   if (groups.slots == 0) {
     // With the in-kernel split-K reduction, a tile's split_k CTAs (consecutive along x) form one cluster.
     launch_ex(p.pdl, p.decode_cluster_reduce ? c.split_k : 1,
-              fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>(), grid, kThreads, kSmem, stream, x, w, wp,
-              p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+              fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>(), grid, kThreads, kSmem, stream, x, w, p,
+              c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
   } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
     launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(), grid, kThreads, kSmem, stream, x, w,
-                        wp, p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+                        p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
   } else {
     throw Error("fp4 decode gemm: grouped (MoE) launches take 128 of K per stage and 64-row CTAs, got stage_k=" +
                 std::to_string(kStageK) + " rows=" + std::to_string(kRows));
@@ -96,13 +96,13 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const CUtensorMap& wp, c
 }
 
 template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1>
-void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const CUtensorMap& wp, const GemmParams& p,
-                      const Fp4DecodeConfig& c, const DecodeGroups& groups, cudaStream_t stream) {
+void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
+                      const DecodeGroups& groups, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers>(x, w, wp, p, c, groups, stream);
-    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers>(x, w, wp, p, c, groups, stream);
-    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers>(x, w, wp, p, c, groups, stream);
-    default: return launch<64, kStageK, kFp8W, kRows, kPreparers>(x, w, wp, p, c, groups, stream);
+    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
+    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
+    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
+    default: return launch<64, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
   }
 }
 
@@ -169,30 +169,20 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   p.fp4_decode_direct = env_switch("FINEGEMM_FP4_DECODE_DIRECT", false);
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
   const int64_t w_rows = int64_t{p.n} * (groups.slots > 0 ? groups.num_groups : 1);
-  // L2 prefetch of the weights (FINEGEMM_DECODE_L2_PREFETCH=D: D K blocks ahead; 0, off, until measured): boxes of the
-  // tile's rows × 256 bytes, unswizzled (nothing lands in shared memory).
-  if (const char* ahead = std::getenv("FINEGEMM_DECODE_L2_PREFETCH"); ahead && *ahead) {
-    p.decode_l2_prefetch = std::atoi(ahead);
-    if (p.decode_l2_prefetch < 0 || p.decode_l2_prefetch > 64)
-      throw Error(std::string("FINEGEMM_DECODE_L2_PREFETCH: expected 0 to 64 K blocks, got '") + ahead + "'");
-  }
-  const CUtensorMap tma_wp = p.decode_l2_prefetch > 0
-                                 ? make_tma_2d(b, w_rows, c.fp8_weights ? p.k : p.k / 2, ldb, c.rows, 256)
-                                 : CUtensorMap{};
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
     const CUtensorMap tma_w = make_tma_2d(b, w_rows, p.k, ldb, c.rows);
-    if (c.rows == 128) launch_for_width<128, true, 128>(tma_x, tma_w, tma_wp, p, c, groups, stream);
-    else launch_for_width<128, true>(tma_x, tma_w, tma_wp, p, c, groups, stream);
+    if (c.rows == 128) launch_for_width<128, true, 128>(tma_x, tma_w, p, c, groups, stream);
+    else launch_for_width<128, true>(tma_x, tma_w, p, c, groups, stream);
     FG_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const CUtensorMap tma_w = c.stage_k == 128
                                 ? make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, tma_wp, p, c, groups, stream);
-  else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, tma_wp, p, c, groups, stream);
-  else launch_for_width<128, false>(tma_x, tma_w, tma_wp, p, c, groups, stream);
+  if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, stream);
+  else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, stream);
+  else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, stream);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
