@@ -62,6 +62,10 @@ MoeDecodeScratch::MoeDecodeScratch(const MoeArgs& args, int64_t rows, int num_ex
       h_q(static_cast<size_t>(rows * moe_inter(args)), stream),
       h_scale(moe_h_scale_bytes(args, rows), stream) {}
 
+// NOTE: on by default: H200 graph replay, chain off vs on, three alternated runs (stop 20,
+// bench/results/moe_pdl_chain_2026-12-02_6dd8120.json): Qwen3-30B-A3B T = 1 FP8 32.2 vs 31.4 µs, FP4 35.5 vs 34.6,
+// T = 16 FP4 146.6 vs 144.4; DeepSeek-V3 T = 1 FP8 124.5 vs 123.5, T = 16 FP4 1092.6 vs 1089.6; slower only at
+// DeepSeek-V3 T = 1 FP4 (116.3 vs 118.3).
 bool moe_decode_pdl_chain() { return env_switch("FINEGEMM_MOE_PDL_CHAIN", true); }
 
 // The decode path: gate_up on the decode kernel over the experts with rows (F32 out, scales and bias applied), one
