@@ -87,6 +87,35 @@ double check_rows(const LinearArgs& gpu_args, const std::vector<uint8_t>& xq, co
   return std::sqrt(num / den);
 }
 
+// The same for BF16 activations (--bf16-input): the reference quantizes each sampled row itself, as linear() does on
+// the GPU (bit for bit: test_cuda_linear's QuantizeActivationsBitExact).
+double check_rows_bf16(const LinearArgs& gpu_args, const std::vector<uint16_t>& x, const std::vector<uint8_t>& xs_bytes,
+                       const std::vector<uint8_t>& w, const std::vector<uint8_t>& ws_bytes, int64_t m, int64_t n,
+                       int64_t k, int rows) {
+  std::vector<uint16_t> out_all(static_cast<size_t>(m * n));
+  CHECK_CUDA(cudaMemcpy(out_all.data(), gpu_args.out.data, out_all.size() * 2, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t row = (r * 7919LL) % m;
+    LinearArgs a = gpu_args;
+    a.x = TensorView::of(x.data() + row * k, DType::BF16, {1, k});
+    a.x_scale = gpu_args.activation.is_static() ? TensorView::of(xs_bytes.data(), DType::F32, {}) : TensorView{};
+    a.weight = gpu_args.weight_recipe.element == ElementType::FP4_E2M1 ? TensorView::of(w.data(), DType::U8, {n, k / 2})
+                                                                       : TensorView::of(w.data(), DType::F8_E4M3, {n, k});
+    a.weight_scale = TensorView::of(ws_bytes.data(), gpu_args.weight_scale.dtype, gpu_args.weight_scale.sizes());
+    std::vector<float> ref(static_cast<size_t>(n));
+    a.out = TensorView::of(ref.data(), DType::F32, {1, n});
+    linear(a, {Backend::Reference});
+    for (int64_t j = 0; j < n; ++j) {
+      const double o = fmt::bf16_to_float(out_all[row * n + j]);
+      if (!std::isfinite(o)) return INFINITY;
+      num += (o - ref[j]) * (o - ref[j]);
+      den += double(ref[j]) * ref[j];
+    }
+  }
+  return std::sqrt(num / den);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,6 +124,9 @@ int main(int argc, char** argv) {
                                                   {4096, 7168}, {7168, 2048},  {576, 7168}};
   std::vector<std::string> variant_names = {"block-fp32-dynamic"};
   int check_rows_n = 4;
+  // --bf16-input: activations arrive in BF16 and linear() quantizes them (the serving path: the activation
+  // quantization is timed with the GEMM); by default they arrive quantized (E4M3 and their scales).
+  bool bf16_input = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--m" && i + 1 < argc) {
@@ -103,6 +135,8 @@ int main(int argc, char** argv) {
     } else if (a == "--variants" && i + 1 < argc) {
       variant_names.clear();
       for (char* tok = std::strtok(argv[++i], ","); tok; tok = std::strtok(nullptr, ",")) variant_names.push_back(tok);
+    } else if (a == "--bf16-input") {
+      bf16_input = true;
     } else if (a == "--quick") {
       nks.resize(3);
     } else if (a == "--nk" && i + 1 < argc) {  // one (N, K) shape: --nk 7168:16384
@@ -164,14 +198,31 @@ int main(int argc, char** argv) {
         for (auto s : xs_shape) xs_count *= s;
         auto xs_f = random_scales(xs_count, var.activation.pow2_scale);
         std::vector<uint8_t> xs_bytes(reinterpret_cast<uint8_t*>(xs_f.data()), reinterpret_cast<uint8_t*>(xs_f.data()) + xs_count * 4);
-        auto x_dev = to_device(TensorView::of(xq.data(), DType::F8_E4M3, {m, k}), kGpu);
+        // BF16 activations (--bf16-input): N(0, 1) values; a static recipe takes amax / 448 as its scale.
+        std::vector<uint16_t> xb;
+        if (bf16_input) {
+          std::normal_distribution<float> d(0.0f, 1.0f);
+          xb.resize(static_cast<size_t>(m * k));
+          float amax = 0.0f;
+          for (auto& v : xb) {
+            v = fmt::bf16_from_float(d(rng));
+            amax = std::max(amax, std::fabs(fmt::bf16_to_float(v)));
+          }
+          if (var.activation.is_static()) {
+            const float s = amax / 448.0f;
+            std::memcpy(xs_bytes.data(), &s, 4);
+          }
+        }
+        auto x_dev = bf16_input ? to_device(TensorView::of(xb.data(), DType::BF16, {m, k}), kGpu)
+                                : to_device(TensorView::of(xq.data(), DType::F8_E4M3, {m, k}), kGpu);
         auto xs_dev = to_device(TensorView::of(xs_bytes.data(), DType::F32, xs_shape), kGpu);
         DeviceBuffer out(kGpu, static_cast<size_t>(m * n * 2));
         CHECK_CUDA(cudaMemset(out.data(), 0xFF, out.bytes()));  // poison: NaN in bf16
 
         LinearArgs args;
         args.x = x_dev.view;
-        args.x_scale = xs_dev.view;
+        // BF16 input: linear() computes dynamic scales itself; a static recipe still takes its scalar.
+        args.x_scale = bf16_input && !var.activation.is_static() ? TensorView{} : xs_dev.view;
         args.activation = var.activation;
         args.weight = fp4 ? TensorView::of(w_dev[0].data(), DType::U8, {n, k / 2}, kGpu)
                           : TensorView::of(w_dev[0].data(), DType::F8_E4M3, {n, k}, kGpu);
@@ -181,7 +232,8 @@ int main(int argc, char** argv) {
         RunOptions opt{Backend::Cuda, stream};
         linear(args, opt);
         CHECK_CUDA(cudaStreamSynchronize(stream));
-        const double rel = check_rows(args, xq, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n);
+        const double rel = bf16_input ? check_rows_bf16(args, xb, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n)
+                                      : check_rows(args, xq, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n);
 
         // Events around single launches, cycling the weight copies.
         const int iters = m >= 4096 ? 30 : 100;
@@ -226,12 +278,12 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaGraphDestroy(graph));
         }
         const double flops = 2.0 * m * n * k;
-        const double bytes = static_cast<double>(m * k + w_bytes + m * n * 2);
+        const double bytes = static_cast<double>(m * k * (bf16_input ? 2 : 1) + w_bytes + m * n * 2);
         const double best = us_graph > 0 ? std::min(us, us_graph) : us;
         std::printf("{\"variant\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"us_graph\": %.3f, "
-                    "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d}\n",
+                    "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d, \"input\": \"%s\"}\n",
                     var.name.c_str(), (long long)m, (long long)n, (long long)k, us, us_graph, flops / best / 1e6,
-                    bytes / best / 1e3, rel, copies);
+                    bytes / best / 1e3, rel, copies, bf16_input ? "bf16" : "e4m3");
         std::fflush(stdout);
       }
     }

@@ -57,6 +57,11 @@ struct GemmParams {
   // kernel started (the down GEMM, after the activation kernel), so the kernel reads them and requests its first
   // stages' weights before the wait. Without it a grouped kernel waits before reading anything.
   bool pdl_groups_ready = false;
+  // Dense decode launches under pdl: the kernel ahead in the stream is finegemm's own activation quantization (linear()
+  // launched it just before), which writes no weights, so the loader requests the first stages' weights before
+  // griddepcontrol.wait. Without it (E4M3 activations: the kernel ahead is the caller's, and may have written the
+  // weights, whose stores are visible only after the wait) the kernel still starts early, but loads nothing before it.
+  bool pdl_weights_ready = false;
   // The dense decode kernel's split-K inside the kernel (FINEGEMM_DECODE_CLUSTER_REDUCE=1; off: correct and slower on
   // the H200, N = 4096 K = 7168 16.9 vs 14.0 µs at M = 1 and 28.4 vs 17.5 at M = 64, stop 20): the
   // split_k CTAs of a weight tile form one thread-block cluster, each leaves its partial totals in its shared memory,

@@ -300,7 +300,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   int group = 0, row0 = 0, rows = p.m;
   // Grouped: the expert list comes from earlier kernels; unless it was complete before the previous kernel started
   // (p.pdl_groups_ready), wait for that kernel before reading it (a no-op without a programmatic launch).
-  const bool prefetch = p.pdl && (!kGrouped || p.pdl_groups_ready);
+  // Dense: the weights are requested before the wait only when the kernel ahead is finegemm's activation quantization
+  // (p.pdl_weights_ready), which writes no weights.
+  const bool prefetch = p.pdl && (kGrouped ? p.pdl_groups_ready : p.pdl_weights_ready);
   if (kGrouped && !prefetch) cudaGridDependencySynchronize();
   if constexpr (kGrouped) {
     const int slot = static_cast<int>(blockIdx.x) / split_k / tiles;
@@ -342,7 +344,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   }
   if (!kFp8W && threadIdx.x < 9) fold_tab[threadIdx.x] = fp4_fold_table_row(threadIdx.x);
   __syncthreads();
-  // Programmatic dependent launch (p.pdl; grouped with p.pdl_groups_ready): the weight tiles of the first `pre` stages
+  // Programmatic dependent launch (p.pdl; grouped with p.pdl_groups_ready, dense with p.pdl_weights_ready): the weight
+  // tiles of the first `pre` stages
   // (chunk 0's) are requested before the wait for the previous kernel (the weights are no kernel's output); the loop
   // below then adds only the activation tile's bytes to those stages' full barriers. Every thread waits before it
   // reads anything else from global memory.

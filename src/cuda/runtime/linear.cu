@@ -60,6 +60,9 @@ void linear(const LinearArgs& args, void* stream_handle) {
     }
     launch_quantize_activations(args.x.data, args.x.dtype, m, k, args.activation, static_cast<uint8_t*>(const_cast<void*>(x_q)),
                                 const_cast<float*>(x_scale), stream);
+    // The kernel ahead of the GEMM is now the quantization: a programmatic decode launch may request weights before
+    // it waits (GemmParams::pdl_weights_ready).
+    p.pdl_weights_ready = true;
   }
   set_activation_scales(p, args.activation, x_scale, scale_stride_m, scale_stride_k, k, x_scale);
   set_weight_scales(p, args.weight_recipe, args.weight_scale, n, k);
