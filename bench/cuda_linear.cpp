@@ -56,21 +56,18 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Relative error on `rows` sampled rows against the CPU reference.
-double check_rows(const LinearArgs& gpu_args, const std::vector<uint8_t>& xq, const std::vector<uint8_t>& xs_bytes,
-                  const std::vector<uint8_t>& w, const std::vector<uint8_t>& ws_bytes, int64_t m, int64_t n, int64_t k,
-                  int rows) {
+// Relative error on `rows` sampled rows against the CPU reference. set_x(row, a) points a.x and a.x_scale at the
+// row's activations as the GPU call took them.
+template <typename SetX>
+double check_sampled_rows(const LinearArgs& gpu_args, SetX set_x, const std::vector<uint8_t>& w,
+                          const std::vector<uint8_t>& ws_bytes, int64_t m, int64_t n, int64_t k, int rows) {
   std::vector<uint16_t> out_all(static_cast<size_t>(m * n));
   CHECK_CUDA(cudaMemcpy(out_all.data(), gpu_args.out.data, out_all.size() * 2, cudaMemcpyDeviceToHost));
   double num = 0, den = 0;
-  const int64_t scale_cols = gpu_args.x_scale.ndim == 2 ? gpu_args.x_scale.shape[1] : 1;
   for (int r = 0; r < rows; ++r) {
     const int64_t row = (r * 7919LL) % m;
     LinearArgs a = gpu_args;
-    a.x = TensorView::of(xq.data() + row * k, DType::F8_E4M3, {1, k});
-    if (gpu_args.activation.is_static()) a.x_scale = TensorView::of(xs_bytes.data(), DType::F32, {});
-    else if (gpu_args.x_scale.ndim == 2) a.x_scale = TensorView::of(xs_bytes.data() + row * scale_cols * 4, DType::F32, {1, scale_cols});
-    else a.x_scale = TensorView::of(xs_bytes.data() + row * 4, DType::F32, {1});
+    set_x(row, a);
     a.weight = gpu_args.weight_recipe.element == ElementType::FP4_E2M1 ? TensorView::of(w.data(), DType::U8, {n, k / 2})
                                                                        : TensorView::of(w.data(), DType::F8_E4M3, {n, k});
     a.weight_scale = TensorView::of(ws_bytes.data(), gpu_args.weight_scale.dtype, gpu_args.weight_scale.sizes());
@@ -87,33 +84,30 @@ double check_rows(const LinearArgs& gpu_args, const std::vector<uint8_t>& xq, co
   return std::sqrt(num / den);
 }
 
-// The same for BF16 activations (--bf16-input): the reference quantizes each sampled row itself, as linear() does on
-// the GPU (bit for bit: test_cuda_linear's QuantizeActivationsBitExact).
+// E4M3 activations with their scales, as given to the GPU.
+double check_rows(const LinearArgs& gpu_args, const std::vector<uint8_t>& xq, const std::vector<uint8_t>& xs_bytes,
+                  const std::vector<uint8_t>& w, const std::vector<uint8_t>& ws_bytes, int64_t m, int64_t n, int64_t k,
+                  int rows) {
+  const int64_t scale_cols = gpu_args.x_scale.ndim == 2 ? gpu_args.x_scale.shape[1] : 1;
+  auto set_x = [&](int64_t row, LinearArgs& a) {
+    a.x = TensorView::of(xq.data() + row * k, DType::F8_E4M3, {1, k});
+    if (gpu_args.activation.is_static()) a.x_scale = TensorView::of(xs_bytes.data(), DType::F32, {});
+    else if (gpu_args.x_scale.ndim == 2) a.x_scale = TensorView::of(xs_bytes.data() + row * scale_cols * 4, DType::F32, {1, scale_cols});
+    else a.x_scale = TensorView::of(xs_bytes.data() + row * 4, DType::F32, {1});
+  };
+  return check_sampled_rows(gpu_args, set_x, w, ws_bytes, m, n, k, rows);
+}
+
+// BF16 activations (--bf16-input): the reference quantizes each sampled row itself, as linear() does on the GPU (bit
+// for bit: test_cuda_linear's QuantizeActivationsBitExact).
 double check_rows_bf16(const LinearArgs& gpu_args, const std::vector<uint16_t>& x, const std::vector<uint8_t>& xs_bytes,
                        const std::vector<uint8_t>& w, const std::vector<uint8_t>& ws_bytes, int64_t m, int64_t n,
                        int64_t k, int rows) {
-  std::vector<uint16_t> out_all(static_cast<size_t>(m * n));
-  CHECK_CUDA(cudaMemcpy(out_all.data(), gpu_args.out.data, out_all.size() * 2, cudaMemcpyDeviceToHost));
-  double num = 0, den = 0;
-  for (int r = 0; r < rows; ++r) {
-    const int64_t row = (r * 7919LL) % m;
-    LinearArgs a = gpu_args;
+  auto set_x = [&](int64_t row, LinearArgs& a) {
     a.x = TensorView::of(x.data() + row * k, DType::BF16, {1, k});
     a.x_scale = gpu_args.activation.is_static() ? TensorView::of(xs_bytes.data(), DType::F32, {}) : TensorView{};
-    a.weight = gpu_args.weight_recipe.element == ElementType::FP4_E2M1 ? TensorView::of(w.data(), DType::U8, {n, k / 2})
-                                                                       : TensorView::of(w.data(), DType::F8_E4M3, {n, k});
-    a.weight_scale = TensorView::of(ws_bytes.data(), gpu_args.weight_scale.dtype, gpu_args.weight_scale.sizes());
-    std::vector<float> ref(static_cast<size_t>(n));
-    a.out = TensorView::of(ref.data(), DType::F32, {1, n});
-    linear(a, {Backend::Reference});
-    for (int64_t j = 0; j < n; ++j) {
-      const double o = fmt::bf16_to_float(out_all[row * n + j]);
-      if (!std::isfinite(o)) return INFINITY;
-      num += (o - ref[j]) * (o - ref[j]);
-      den += double(ref[j]) * ref[j];
-    }
-  }
-  return std::sqrt(num / den);
+  };
+  return check_sampled_rows(gpu_args, set_x, w, ws_bytes, m, n, k, rows);
 }
 
 }  // namespace
