@@ -404,6 +404,12 @@ TEST(ReferenceLinear, OutputDtypesRoundOnceToNearestEven) {
         double exact = get(bias, col);
         for (int64_t c = 0; c < k; ++c) exact += x.dense[row * k + c] * w.dense[col * k + c];
         const double got = get(out, row * n + col);
+        // Past F16's largest finite value by half its last step (65504 + 16) the nearest even is infinity. Random
+        // data reaches it now and then (|exact| ~ 7.6e4 in one seed).
+        if (dtype == DType::F16 && std::fabs(exact) >= 65520.0) {
+          ASSERT_TRUE(std::isinf(got) && std::signbit(got) == std::signbit(exact)) << exact << " gave " << got;
+          continue;
+        }
         // The two representable neighbours of `exact`: got must be the nearer one.
         const uint16_t code = static_cast<uint16_t*>(out.view.data)[row * n + col];
         auto decode = [&](uint16_t c) {
