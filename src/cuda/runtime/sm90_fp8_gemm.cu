@@ -27,6 +27,9 @@ std::map<std::pair<int, cudaStream_t>, SplitWorkspace> workspaces;
 float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
   // NOTE: a graph never gets the cached buffer: a later eager call may regrow (free) it, and two replays of graphs
   // captured on one stream may run at once. Under capture the caller takes a stream-ordered allocation instead.
+  // NOTE: nor does cudaStreamPerThread: one handle for every host thread's own stream, so two threads' calls could run
+  // at once on one cached buffer.
+  if (stream == cudaStreamPerThread) return nullptr;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return nullptr;
