@@ -529,6 +529,14 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
         also(other.first, other.second);
     check_exact(target, gpu, name + " (FINEGEMM_DECODE_CLUSTER_REDUCE=1 split 3 " + other.first + "=" + other.second + ")", w);
   }
+  // FP4 prefill through expanded weights (fp4_expand_weights.cuh) at every M (FINEGEMM_FP4_EXPAND_M=1, the decode
+  // kernel off): weights whose blocks all fold run in the E4M3 GEMM, others in the gated FP4 kernel; split-K (2)
+  // proves the gated reduce.
+  for (const std::string config : {"", "128x128:1", "128x128:2", "64x64:1"}) {
+    const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0"),
+        scope("FINEGEMM_GEMM_CONFIG", config);
+    check_exact(target, gpu, name + " (FINEGEMM_FP4_EXPAND_M=1, FINEGEMM_GEMM_CONFIG=" + config + ")", w);
+  }
   // The loader warps' batched E2M1 expansion (FINEGEMM_FP4_BATCHED_EXPAND=1, off by default) on the decode and
   // prefill tiles: the same exact results.
   setenv("FINEGEMM_FP4_BATCHED_EXPAND", "1", 1);
@@ -564,6 +572,11 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
   ASSERT_EQ(keys(h), (std::set<int>{0, 1, 7, 8}));
   ASSERT_EQ(count_wide(w), 0);
   check_exact(target(), gpu(), "fold spreads 0/1/7/8", w);
+  if (!gpu()) return;
+  // The expanded weights at every M (fp4_expand_weights.cuh): byte UE8M0 scales fold into the E4M3 GEMM's per-128
+  // scales, FP32 and packed ones expand unfolded and promote every 32.
+  const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0");
+  check_exact(target(), gpu(), "fold spreads 0/1/7/8, expanded weights", w);
 }
 
 // The decode kernel's two paths at M = 7, few enough calls to finish under compute-sanitizer (gpu-check sanitize runs
@@ -590,6 +603,11 @@ TEST_P(Fp4Linear, ExactPromoteSpreads) {
     ASSERT_TRUE(*lo == -60 && *hi == 30) << "self-check: row " << row << " block 3 spans 2^-60..2^30";
   }
   check_exact(target(), gpu(), "promote spreads 9/12/40/extreme", w);
+  if (!gpu()) return;
+  // The expanded weights at every M: with byte UE8M0 scales no block folds, so the gated FP4 kernel runs instead of
+  // the E4M3 GEMM; FP32 and packed scales run the E4M3 GEMM, promoting every 32.
+  const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0");
+  check_exact(target(), gpu(), "promote spreads 9/12/40/extreme, expanded weights", w);
 }
 
 // In each of the first four K blocks exactly one row spreads wider than 8 (a middle row, a row of the second 128-row
@@ -697,6 +715,17 @@ Fp4Matrix random_spread_matrix(int64_t n, int64_t k, int top_center) {
   return w;
 }
 
+// Random codes, every (row, block) spread 0..8: every block folds.
+Fp4Matrix random_fold_matrix(int64_t n, int64_t k, int top_center) {
+  Fp4Matrix w(n, k);
+  fill_random_codes(w);
+  for (int64_t row = 0; row < n; ++row) {
+    const int top = top_center + uniform_int(-2, 2);
+    for (int64_t b = 0; b < w.blocks(); ++b) set_spread(w, row, b, top, uniform_int(0, 8));
+  }
+  return w;
+}
+
 struct SpreadCounts {
   int64_t fold = 0, promote = 0;                    // (row, block) pairs
   int64_t fold_tiles = 0, one_wide_row_tiles = 0;  // (128-row tile, block) pairs
@@ -755,53 +784,60 @@ TEST_P(Fp4Random, LinearMatchesReference) {
   }
   const int64_t max_m = 300;
   for (const Shape& shape : shapes) {
-    const Fp4Matrix w = random_spread_matrix(shape.n, shape.k, -4);
-    const std::string shape_name = "N=" + std::to_string(shape.n) + " K=" + std::to_string(shape.k);
-    expect_mixed_spreads(w, shape_name);
-    const Buffer x = testing::random_tensor(DType::BF16, {max_m, shape.k});
-    // Reference rows: all of them on the small shapes; rows 0..15 and every 7th after that on the large ones.
-    std::vector<int64_t> ref_rows;
-    for (int64_t row = 0; row < max_m; ++row)
-      if (shape.all_recipes || row < 16 || row % 7 == 0) ref_rows.push_back(row);
-    Buffer x_ref(DType::BF16, {static_cast<int64_t>(ref_rows.size()), shape.k});
-    for (size_t i = 0; i < ref_rows.size(); ++i)
-      std::memcpy(x_ref.ptr<uint16_t>() + i * shape.k, x.bytes.data() + ref_rows[i] * shape.k * 2, shape.k * 2);
-    int run = 0;
-    for (const RecipeCase& rc : all) {
-      if (rc.act.granularity == ActGranularity::PerTokenGroup && shape.k % rc.act.group_size != 0) continue;
-      if (!shape.all_recipes && run++ >= 2) break;
-      const WeightRecipe recipe = recipe_of(rc.kind);
-      const std::string what = shape_name + " mxfp4/" + scale_kind_name(rc.kind) + " x " + rc.act.name();
-      const Buffer weight = w.packed(), weight_scale = w.stored_scales(rc.kind);
-      Buffer x_scale;
-      if (rc.act.is_static()) {
-        x_scale = Buffer(DType::F32, {});
-        *x_scale.ptr<float>() = 4.0f / 448.0f;  // a calibration amax of 4
-      }
-      Buffer ref(DType::F32, {x_ref.view.shape[0], shape.n});
-      testing::poison(ref);
-      linear(linear_args(x_ref, x_scale, rc.act, weight, weight_scale, recipe, ref), {Backend::Reference});
-      for (int64_t m : {int64_t{1}, int64_t{16}, max_m}) {
-        for (DType out_dtype : {DType::F32, DType::BF16}) {
-          Buffer x_m(DType::BF16, {m, shape.k});
-          std::memcpy(x_m.bytes.data(), x.bytes.data(), static_cast<size_t>(m * shape.k * 2));
-          Buffer out_shape(out_dtype, {m, shape.n});
-          const Buffer out = run_linear(linear_args(x_m, x_scale, rc.act, weight, weight_scale, recipe, out_shape), target());
-          int64_t non_finite = 0;
-          for (int64_t i = 0; i < out.numel(); ++i) non_finite += !std::isfinite(testing::get(out, i));
-          double num = 0, den = 0;
-          for (size_t i = 0; i < ref_rows.size() && ref_rows[i] < m; ++i)
-            for (int64_t n = 0; n < shape.n; ++n) {
-              const double want = testing::get(ref, static_cast<int64_t>(i) * shape.n + n);
-              const double got = testing::get(out, ref_rows[i] * shape.n + n);
-              num += (got - want) * (got - want);
-              den += want * want;
-            }
-          ASSERT_GT(den, 0.0) << what;
-          const double rel = std::sqrt(num / den);
-          EXPECT_EQ(non_finite, 0) << what << " M=" << m << " out=" << dtype_name(out_dtype) << " on " << target().name;
-          EXPECT_LE(rel, tolerance(out_dtype)) << what << " M=" << m << " out=" << dtype_name(out_dtype) << " on "
-                                               << target().name;
+    for (const bool fold_only : {false, true}) {
+      // Mixed spreads (the prefill's gated FP4 kernel at M = 300), or every block folding (its E4M3 GEMM on the
+      // expanded weights).
+      if (fold_only && !gpu()) continue;
+      const Fp4Matrix w = fold_only ? random_fold_matrix(shape.n, shape.k, -4) : random_spread_matrix(shape.n, shape.k, -4);
+      const std::string shape_name = "N=" + std::to_string(shape.n) + " K=" + std::to_string(shape.k) +
+                                     (fold_only ? " (every block folds)" : "");
+      if (fold_only) ASSERT_EQ(count_wide(w), 0) << shape_name << ": self-check";
+      else expect_mixed_spreads(w, shape_name);
+      const Buffer x = testing::random_tensor(DType::BF16, {max_m, shape.k});
+      // Reference rows: all of them on the small shapes; rows 0..15 and every 7th after that on the large ones.
+      std::vector<int64_t> ref_rows;
+      for (int64_t row = 0; row < max_m; ++row)
+        if (shape.all_recipes || row < 16 || row % 7 == 0) ref_rows.push_back(row);
+      Buffer x_ref(DType::BF16, {static_cast<int64_t>(ref_rows.size()), shape.k});
+      for (size_t i = 0; i < ref_rows.size(); ++i)
+        std::memcpy(x_ref.ptr<uint16_t>() + i * shape.k, x.bytes.data() + ref_rows[i] * shape.k * 2, shape.k * 2);
+      int run = 0;
+      for (const RecipeCase& rc : all) {
+        if (rc.act.granularity == ActGranularity::PerTokenGroup && shape.k % rc.act.group_size != 0) continue;
+        if (!shape.all_recipes && run++ >= 2) break;
+        const WeightRecipe recipe = recipe_of(rc.kind);
+        const std::string what = shape_name + " mxfp4/" + scale_kind_name(rc.kind) + " x " + rc.act.name();
+        const Buffer weight = w.packed(), weight_scale = w.stored_scales(rc.kind);
+        Buffer x_scale;
+        if (rc.act.is_static()) {
+          x_scale = Buffer(DType::F32, {});
+          *x_scale.ptr<float>() = 4.0f / 448.0f;  // a calibration amax of 4
+        }
+        Buffer ref(DType::F32, {x_ref.view.shape[0], shape.n});
+        testing::poison(ref);
+        linear(linear_args(x_ref, x_scale, rc.act, weight, weight_scale, recipe, ref), {Backend::Reference});
+        for (int64_t m : {int64_t{1}, int64_t{16}, max_m}) {
+          for (DType out_dtype : {DType::F32, DType::BF16}) {
+            Buffer x_m(DType::BF16, {m, shape.k});
+            std::memcpy(x_m.bytes.data(), x.bytes.data(), static_cast<size_t>(m * shape.k * 2));
+            Buffer out_shape(out_dtype, {m, shape.n});
+            const Buffer out = run_linear(linear_args(x_m, x_scale, rc.act, weight, weight_scale, recipe, out_shape), target());
+            int64_t non_finite = 0;
+            for (int64_t i = 0; i < out.numel(); ++i) non_finite += !std::isfinite(testing::get(out, i));
+            double num = 0, den = 0;
+            for (size_t i = 0; i < ref_rows.size() && ref_rows[i] < m; ++i)
+              for (int64_t n = 0; n < shape.n; ++n) {
+                const double want = testing::get(ref, static_cast<int64_t>(i) * shape.n + n);
+                const double got = testing::get(out, ref_rows[i] * shape.n + n);
+                num += (got - want) * (got - want);
+                den += want * want;
+              }
+            ASSERT_GT(den, 0.0) << what;
+            const double rel = std::sqrt(num / den);
+            EXPECT_EQ(non_finite, 0) << what << " M=" << m << " out=" << dtype_name(out_dtype) << " on " << target().name;
+            EXPECT_LE(rel, tolerance(out_dtype))
+                << what << " M=" << m << " out=" << dtype_name(out_dtype) << " on " << target().name;
+          }
         }
       }
     }

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 
+#include "cuda/kernels/fp4_expand_weights.cuh"
 #include "cuda/kernels/splitk_reduce.cuh"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/gemm_args.hpp"
@@ -192,6 +194,15 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
 }
 
 namespace {
+// FP4 prefill through expanded weights (fp4_expand_weights.cuh): at M ≥ FINEGEMM_FP4_EXPAND_M (default 256; 0 turns
+// it off) a dense FP4 call expands its weights into stream-ordered scratch and runs the E4M3 GEMM on them.
+bool fp4_expand_wanted(const GemmParams& p) {
+  if (!p.b_fp4 || p.b_layout != BLayout::Plain || p.b_block_n != 1 || p.b_block_k != 32 || p.gate != nullptr) return false;
+  const char* env = std::getenv("FINEGEMM_FP4_EXPAND_M");
+  const long min_m = env && *env ? std::strtol(env, nullptr, 10) : 256;
+  return min_m > 0 && p.m >= min_m;
+}
+
 template <int kRowsPerTile>
 NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmConfig& c) {
   NormalScheduler<kRowsPerTile> s;
@@ -228,6 +239,52 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const Fp4DecodeConfig decode = fp4_decode || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
                                      : Fp4DecodeConfig{};
+  // FP4 prefill: the weights expanded once into E4M3 (fp4_expand_weights.cuh), then the E4M3 GEMM. With byte UE8M0
+  // scales the expansion folds each 128 of K to one float scale per row; where some block's scales spread wider than
+  // 8 binades it flags that on the device, and of the two gated launches below (the E4M3 GEMM on the folded weights,
+  // the FP4 kernel promoting every 32) the flag runs one. FP32 and packed scales expand unfolded and promote every 32.
+  std::optional<StreamScratch> expanded;
+  if (!fp4_decode && fp4_expand_wanted(p)) {
+    const bool fold = p.b_scale_fmt == ScaleFmt::UE8M0;
+    const int blocks = ceil_div(p.k, kGemmBlockK);
+    const size_t weight_bytes = (static_cast<size_t>(p.n) * p.k + 255) / 256 * 256;
+    const size_t scale_bytes = fold ? sizeof(float) * static_cast<size_t>(p.n) * blocks : 0;
+    expanded.emplace(weight_bytes + scale_bytes + 16, stream);
+    auto* w8 = expanded->as<uint8_t>();
+    auto* folded_scale = reinterpret_cast<float*>(w8 + weight_bytes);
+    auto* unfoldable = reinterpret_cast<int*>(w8 + weight_bytes + scale_bytes);
+    const int64_t warps = static_cast<int64_t>(p.n) * ceil_div(p.k / 32, 32);
+    const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
+    const auto* scale = static_cast<const uint8_t*>(p.b_scale);
+    if (fold) {
+      FG_CUDA_CHECK(cudaMemsetAsync(unfoldable, 0, sizeof(int), stream));
+      fp4_expand_weights_kernel<true><<<grid, kFp4ExpandThreads, 0, stream>>>(
+          static_cast<const uint8_t*>(b), ldb, scale, p.b_scale_stride_n, p.b_scale_group_stride, p.n, p.n, p.k, w8,
+          folded_scale, unfoldable);
+    } else {
+      fp4_expand_weights_kernel<false><<<grid, kFp4ExpandThreads, 0, stream>>>(
+          static_cast<const uint8_t*>(b), ldb, nullptr, 0, 0, p.n, p.n, p.k, w8, nullptr, nullptr);
+    }
+    FG_CUDA_CHECK(cudaGetLastError());
+    GemmParams q = p;
+    q.b_fp4 = false;
+    if (fold) {
+      q.b_scale = folded_scale;
+      q.b_scale_fmt = ScaleFmt::F32;
+      q.b_block_n = 1;
+      q.b_block_k = kGemmBlockK;
+      q.b_scale_stride_n = blocks;
+      q.b_scale_cols = blocks;
+      q.b_scale_group_stride = static_cast<int64_t>(p.n) * blocks;
+      q.promote_k = p.a_scale == nullptr || p.a_group % kGemmBlockK == 0 ? kGemmBlockK : 32;
+      q.gate = unfoldable;
+      q.gate_when_set = false;
+    }
+    launch_sm90_fp8_gemm(a, lda, w8, p.k, q, stream);
+    if (!fold) return;
+    p.gate = unfoldable;  // the FP4 kernel below runs only where some block would not fold
+    p.gate_when_set = true;
+  }
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (fp4_decode || fp8_decode) c.split_k = decode.split_k;
   // Programmatic dependent launch of the decode kernel and its split-K reduce (GemmParams::pdl): the kernel is resident
