@@ -242,15 +242,21 @@ void set_spread(Fp4Matrix& w, int64_t row, int64_t block, int top, int spread) {
 constexpr int kExtreme = 90;
 
 // A weight with every code in every group and the spread spread_of(row, block) in each of its K blocks. The top
-// exponent differs from row to row (a max shared by a tile's rows would not fold exactly).
-Fp4Matrix crafted_matrix(int64_t n, int64_t k, const std::function<int(int64_t, int64_t)>& spread_of) {
+// exponent differs from row to row (a max shared by a tile's rows would not fold exactly), unless shared_top: then
+// every row block's top is that of its K block, so a 128x128 tile spreads as its rows do (the expanded prefill's
+// tile-scale path, fp4_expand_weights.cuh).
+Fp4Matrix crafted_matrix(int64_t n, int64_t k, const std::function<int(int64_t, int64_t)>& spread_of,
+                         bool shared_top = false) {
   Fp4Matrix w(n, k);
   fill_every_code(w);
+  std::vector<int> block_top(static_cast<size_t>(w.blocks()));
+  for (int& t : block_top) t = uniform_int(-12, 12);
   for (int64_t row = 0; row < n; ++row) {
     const int row_top = uniform_int(-12, 12);
     for (int64_t b = 0; b < w.blocks(); ++b) {
       const int spread = spread_of(row, b);
-      set_spread(w, row, b, spread == kExtreme ? 30 : row_top + uniform_int(-2, 2), spread);
+      const int top = shared_top ? block_top[static_cast<size_t>(b)] : row_top + uniform_int(-2, 2);
+      set_spread(w, row, b, spread == kExtreme ? 30 : top, spread);
     }
   }
   return w;
@@ -576,7 +582,16 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
   // The expanded weights at every M (fp4_expand_weights.cuh): byte UE8M0 scales fold into the E4M3 GEMM's per-128
   // scales, FP32 and packed ones expand unfolded and promote every 32.
   const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0");
-  check_exact(target(), gpu(), "fold spreads 0/1/7/8, expanded weights", w);
+  check_exact(target(), gpu(), "fold spreads 0/1/7/8, expanded weights (row scales)", w);
+  // Every row block of a K block shares its top exponent: each 128x128 tile spreads 0, 1, 7 or 8, so the expansion
+  // folds to one scale per tile; then one row block of spread 8 one binade lower spreads its tile 9 (row scales).
+  Fp4Matrix tiles = crafted_matrix(208, 512, [&](int64_t, int64_t b) { return spreads[b]; }, true);
+  const auto th = spread_histogram(tiles);
+  ASSERT_EQ(keys(th), (std::set<int>{0, 1, 7, 8}));
+  check_exact(target(), gpu(), "fold spreads 0/1/7/8 shared per tile, expanded weights (tile scales)", tiles);
+  for (int64_t g = 12; g < 16; ++g) tiles.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile
+  ASSERT_EQ(tiles.spread(150, 3), 8);
+  check_exact(target(), gpu(), "tile of spread 9, expanded weights (row scales)", tiles);
 }
 
 // The decode kernel's two paths at M = 7, few enough calls to finish under compute-sanitizer (gpu-check sanitize runs
@@ -715,12 +730,13 @@ Fp4Matrix random_spread_matrix(int64_t n, int64_t k, int top_center) {
   return w;
 }
 
-// Random codes, every (row, block) spread 0..8: every block folds.
-Fp4Matrix random_fold_matrix(int64_t n, int64_t k, int top_center) {
+// Random codes, every (row, block) spread 0..8: every block folds. row_jitter 0: every row has the top exponent
+// top_center (each 128x128 tile folds too); else rows move it by up to ±row_jitter.
+Fp4Matrix random_fold_matrix(int64_t n, int64_t k, int top_center, int row_jitter) {
   Fp4Matrix w(n, k);
   fill_random_codes(w);
   for (int64_t row = 0; row < n; ++row) {
-    const int top = top_center + uniform_int(-2, 2);
+    const int top = top_center + uniform_int(-row_jitter, row_jitter);
     for (int64_t b = 0; b < w.blocks(); ++b) set_spread(w, row, b, top, uniform_int(0, 8));
   }
   return w;
@@ -784,13 +800,15 @@ TEST_P(Fp4Random, LinearMatchesReference) {
   }
   const int64_t max_m = 300;
   for (const Shape& shape : shapes) {
-    for (const bool fold_only : {false, true}) {
-      // Mixed spreads (the prefill's gated FP4 kernel at M = 300), or every block folding (its E4M3 GEMM on the
-      // expanded weights).
+    for (const int kind : {0, 1, 2}) {
+      // Mixed spreads (at M = 300 the prefill's gated FP4 kernel), every row block folding (its E4M3 GEMM on the
+      // expanded weights with row scales) and every 128x128 tile folding (with tile scales).
+      const bool fold_only = kind != 0;
       if (fold_only && !gpu()) continue;
-      const Fp4Matrix w = fold_only ? random_fold_matrix(shape.n, shape.k, -4) : random_spread_matrix(shape.n, shape.k, -4);
+      const Fp4Matrix w = kind == 0 ? random_spread_matrix(shape.n, shape.k, -4)
+                                    : random_fold_matrix(shape.n, shape.k, -4, kind == 1 ? 2 : 0);
       const std::string shape_name = "N=" + std::to_string(shape.n) + " K=" + std::to_string(shape.k) +
-                                     (fold_only ? " (every block folds)" : "");
+                                     (kind == 1 ? " (every row block folds)" : kind == 2 ? " (every tile folds)" : "");
       if (fold_only) ASSERT_EQ(count_wide(w), 0) << shape_name << ": self-check";
       else expect_mixed_spreads(w, shape_name);
       const Buffer x = testing::random_tensor(DType::BF16, {max_m, shape.k});

@@ -1,13 +1,16 @@
 // FP4 prefill: packed E2M1 weights with MX 1x32 scales expanded once per call into E4M3 rows, so that the E4M3 GEMM
 // (sm90_fp8_gemm.cuh at its full speed) runs on them. At M = 4096 the GEMM reads each weight 32 times or more; the
-// in-kernel expansion of the FP4 GEMM repeats the expansion for every 128-row tile and bounds it on its loader warps.
-// Here each weight is expanded once: N·K/2 bytes read, N·K written (launch_sm90_fp8_gemm, sm90_fp8_gemm.cu).
+// in-kernel expansion of the FP4 GEMM repeats it for every 128-row tile and is bound by its loader warps. Here each
+// weight is expanded once: N·K/2 bytes read, N·K written (launch_sm90_fp8_gemm, sm90_fp8_gemm.cu).
 //
-// Folded (byte UE8M0 scales): each 128-wide K block of a row takes the largest of its four exponents, emax, as a
-// float scale ([rows, ceil(K / 128)]), and each group of 32 expands as E2M1 · 2^-(emax - e): exact while
-// emax - e ≤ 8 (fp4_fold_table_word). A block whose scales spread wider sets *unfoldable, and the caller's gated
-// launches then run the FP4 kernel (promotion every 32) instead of the E4M3 GEMM on these rows.
-// Not folded (FP32 or packed scales): plain E2M1 → E4M3; the E4M3 GEMM promotes every 32 with the original scales.
+// Byte UE8M0 scales fold: a group of 32 with exponent e expands as E2M1 · 2^-(emax - e) under a float scale 2^emax,
+// exact while emax - e ≤ 8 (fp4_fold_table_word). fp4_fold_scan_kernel reads the scales first and flags
+//   kTileUnfoldable: some 128-row × 128-K tile spreads wider than 8 binades;
+//   kRowUnfoldable:  some row's 128-K block does.
+// Without either flag, emax is the tile's: one scale per 128×128 block, the E4M3 GEMM's fastest recipe (the FP8 block
+// recipe's scale layout). With only the first, emax is the row block's: one scale per row and 128 of K. With the
+// second, the gated FP4 kernel (promotion every 32) runs instead and the expansion writes nothing.
+// FP32 and packed scales expand unfolded and the E4M3 GEMM promotes every 32 with the original scales.
 #pragma once
 #include <cstdint>
 
@@ -17,19 +20,64 @@
 namespace finegemm::cuda {
 
 inline constexpr int kFp4ExpandThreads = 256;
+inline constexpr int kFp4TileUnfoldable = 1;
+inline constexpr int kFp4RowUnfoldable = 2;
+
+// The scale of row r, group g: scale[(r / n) · group_stride + (r % n) · stride_n + g] (bytes); rows: all weight rows.
+struct Fp4ScaleView {
+  const uint8_t* scale;
+  int64_t stride_n, group_stride;
+  int n;
+  __device__ __forceinline__ int at(int64_t row, int g) const {
+    return scale[(row / n) * group_stride + (row % n) * stride_n + g];
+  }
+};
+
+// Grid (K blocks of 128, tiles of 128 rows), 128 threads (a row each): the tile's largest exponent and its scale
+// ([tiles, blocks]), and the two flags.
+__global__ void __launch_bounds__(128) fp4_fold_scan_kernel(Fp4ScaleView s, int64_t rows, int k, int* __restrict__ tile_emax,
+                                                            float* __restrict__ tile_scale, int* __restrict__ flags) {
+  __shared__ int warp_hi[4], warp_lo[4];
+  const int groups = k / 32, blocks = (k + 127) / 128;
+  const int kb = blockIdx.x;
+  const int64_t tile = blockIdx.y, row = tile * 128 + threadIdx.x;
+  int hi = 0, lo = 255;
+  if (row < rows) {
+    for (int g = 4 * kb; g < min(4 * kb + 4, groups); ++g) {
+      const int e = s.at(row, g);
+      hi = max(hi, e);
+      lo = min(lo, e);
+    }
+    if (hi - lo > 8) atomicOr(flags, kFp4RowUnfoldable);
+  }
+  hi = static_cast<int>(__reduce_max_sync(0xFFFFFFFFu, static_cast<unsigned>(hi)));
+  lo = static_cast<int>(__reduce_min_sync(0xFFFFFFFFu, static_cast<unsigned>(lo)));
+  if (threadIdx.x % 32 == 0) {
+    warp_hi[threadIdx.x / 32] = hi;
+    warp_lo[threadIdx.x / 32] = lo;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    hi = max(max(warp_hi[0], warp_hi[1]), max(warp_hi[2], warp_hi[3]));
+    lo = min(min(warp_lo[0], warp_lo[1]), min(warp_lo[2], warp_lo[3]));
+    if (hi - lo > 8) atomicOr(flags, kFp4TileUnfoldable);
+    tile_emax[tile * blocks + kb] = hi;
+    tile_scale[tile * blocks + kb] = fmt::ue8m0_to_float(static_cast<uint8_t>(hi));
+  }
+}
 
 // One warp per (row, 1024 codes of K): lane q takes the 32 codes of group q (16 packed bytes in, 32 bytes out).
-// rows: all weight rows (groups · n for experts); the scale of row r, group g is
-// scale[(r / n) · group_stride + (r % n) · stride_n + g] (bytes).
+// kFold: emax per the flags (above); row_scale [rows, blocks] is written where the row blocks' emax is used.
 template <bool kFold>
 __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_kernel(
-    const uint8_t* __restrict__ b, int64_t ldb, const uint8_t* __restrict__ scale, int64_t scale_stride_n,
-    int64_t scale_group_stride, int n, int64_t rows, int k, uint8_t* __restrict__ out, float* __restrict__ out_scale,
-    int* __restrict__ unfoldable) {
+    const uint8_t* __restrict__ b, int64_t ldb, Fp4ScaleView s, int64_t rows, int k, uint8_t* __restrict__ out,
+    const int* __restrict__ tile_emax, float* __restrict__ row_scale, const int* __restrict__ flags) {
   __shared__ uint2 table[9];
   if (threadIdx.x < 9) table[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
   __syncthreads();
-  const int groups = k / 32;
+  const int flag = kFold ? *flags : 0;
+  if (flag & kFp4RowUnfoldable) return;  // the FP4 kernel runs on the packed weights instead
+  const int groups = k / 32, blocks = (k + 127) / 128;
   const int chunks = (groups + 31) / 32;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kFp4ExpandThreads + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -38,18 +86,20 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_kernel(
   const int q = static_cast<int>(warp % chunks) * 32 + lane;
   const bool valid = q < groups;
   uint2 tab = table[0];
-  int emax = 0;
   if constexpr (kFold) {
-    const int e = valid ? scale[(row / n) * scale_group_stride + (row % n) * scale_stride_n + q] : -1;
-    // The block of 128 is lanes 4j..4j+3 (q = 4·block + i); lanes past K take no part.
-    int hi = e, lo = valid ? e : 255;
-    hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, 1));
-    lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, 1));
-    hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, 2));
-    lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, 2));
-    emax = hi;
-    if (valid && hi - lo > 8) *unfoldable = 1;
-    if (valid) tab = table[min(hi - e, 8)];
+    const int e = valid ? s.at(row, q) : -1;
+    if (!(flag & kFp4TileUnfoldable)) {
+      if (valid) tab = table[min(tile_emax[(row / 128) * blocks + q / 4] - e, 8)];
+    } else {
+      // The row's block of 128 is lanes 4j..4j+3 (q = 4·block + i); lanes past K take no part.
+      int hi = e;
+      hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, 1));
+      hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, 2));
+      if (valid) {
+        tab = table[min(hi - e, 8)];
+        if (q % 4 == 0) row_scale[row * blocks + q / 4] = fmt::ue8m0_to_float(static_cast<uint8_t>(hi));
+      }
+    }
   }
   if (!valid) return;
   const uint4 w = __ldg(reinterpret_cast<const uint4*>(b + row * ldb + static_cast<int64_t>(q) * 16));
@@ -63,10 +113,6 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_kernel(
   uint4* dst = reinterpret_cast<uint4*>(out + row * static_cast<int64_t>(k) + static_cast<int64_t>(q) * 32);
   dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
   dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
-  if constexpr (kFold) {
-    const int blocks = (k + 127) / 128;
-    if (q % 4 == 0) out_scale[row * blocks + q / 4] = fmt::ue8m0_to_float(static_cast<uint8_t>(emax));
-  }
 }
 
 }  // namespace finegemm::cuda

@@ -68,11 +68,12 @@ struct GemmParams {
   // and each sums one slice of the tile's rows over all of them (split order, as splitk_reduce_kernel) and stores y:
   // no workspace and no reduce kernel. Needs split_k <= 8 (a portable cluster).
   bool decode_cluster_reduce = false;
-  // A gated launch: with `gate` set, the GEMM kernel and its split-K reduce run only when (*gate != 0) == gate_when_set
-  // and otherwise exit at once. FP4 prefill launches two paths after the weight expansion (launch_sm90_fp8_gemm) and
-  // the expansion's flag, written on the device, picks the one that runs: no host sync, capturable.
+  // A gated launch: with `gate` set, the GEMM kernel and its split-K reduce run only when (*gate & gate_mask) ==
+  // gate_value and otherwise exit at once. FP4 prefill launches three paths after the weight expansion
+  // (launch_sm90_fp8_gemm) and the flags the expansion wrote on the device pick the one that runs: no host sync,
+  // capturable.
   const int* gate = nullptr;
-  bool gate_when_set = false;
+  int gate_mask = 0, gate_value = 0;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -11,7 +11,7 @@ __global__ void splitk_reduce_kernel(const GemmParams p, int split_k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
 #endif
-  if (p.gate != nullptr && ((*p.gate != 0) != p.gate_when_set)) return;  // its GEMM was the idle one of a gated pair
+  if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;  // its GEMM was the idle one of a gated pair
   const int64_t pairs = static_cast<int64_t>(p.m) * p.n / 2;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
