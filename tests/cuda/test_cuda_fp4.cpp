@@ -876,9 +876,10 @@ struct ExpertWeights {
 };
 
 // [E, rows, cols] FP4 experts. Experts in `promote` spread every (row, block) over 9..24; experts in `mixed` draw
-// per band as random_spread_matrix does; the others fold (spreads 0..8).
+// per band as random_spread_matrix does; the others fold (spreads 0..8; with shared_top every row block tops out at
+// 2^-5, so each 128x128 tile folds too).
 ExpertWeights make_experts(int64_t experts, int64_t rows, int64_t cols, ScaleKind kind, const std::set<int64_t>& promote,
-                           const std::set<int64_t>& mixed) {
+                           const std::set<int64_t>& mixed, bool shared_top = false) {
   std::vector<uint8_t> codes, scales;
   ExpertWeights out;
   for (int64_t e = 0; e < experts; ++e) {
@@ -886,7 +887,8 @@ ExpertWeights make_experts(int64_t experts, int64_t rows, int64_t cols, ScaleKin
     if (!mixed.count(e))
       for (int64_t row = 0; row < rows; ++row)
         for (int64_t b = 0; b < w.blocks(); ++b)
-          set_spread(w, row, b, -5 + uniform_int(-1, 1), promote.count(e) ? uniform_int(9, 24) : uniform_int(0, 8));
+          set_spread(w, row, b, shared_top ? -5 : -5 + uniform_int(-1, 1),
+                     promote.count(e) ? uniform_int(9, 24) : uniform_int(0, 8));
     if (kind == ScaleKind::F32Any) w.randomize_mantissas();
     out.wide.push_back(count_wide(w));
     const Buffer packed = w.packed(), stored = w.stored_scales(kind);
@@ -1010,6 +1012,43 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     double ref_norm = 0;
     for (int64_t i = 0; i < ref.numel(); ++i) ref_norm += std::fabs(testing::get(ref, i));
     EXPECT_GT(ref_norm, 0.0) << "self-check: the reference output is not all zero";
+    if (!gpu()) continue;
+
+    // The grouped GEMM on expanded weights (FINEGEMM_FP4_EXPAND_GROUPED_ROWS=1, the decode path off). These experts'
+    // wide blocks send byte UE8M0 scales to the gated FP4 kernel; FP32 and packed scales run the E4M3 GEMM unfolded.
+    const ScopedEnv expand("FINEGEMM_FP4_EXPAND_GROUPED_ROWS", "1"), grouped("FINEGEMM_MOE_DECODE", "0");
+    {
+      SCOPED_TRACE("expanded experts, wide blocks");
+      const Buffer out = run_moe(a, target());
+      const auto cmp = testing::compare(out, ref);
+      EXPECT_EQ(cmp.non_finite, 0);
+      EXPECT_LE(cmp.rel, kMoeTolerance);
+    }
+    // Experts that all fold: per row and 128 of K (row tops differ), and per 128x128 tile (one top): the E4M3 GEMM
+    // with row or tile scales.
+    for (const bool shared_top : {false, true}) {
+      SCOPED_TRACE(shared_top ? "expanded experts, every tile folds" : "expanded experts, every row block folds");
+      const ExpertWeights fold_gate_up = make_experts(experts, 2 * inter, hidden, v.kind, {}, {}, shared_top);
+      const ExpertWeights fold_down = make_experts(experts, hidden, inter, v.kind, {}, {}, shared_top);
+      ASSERT_EQ(std::accumulate(fold_gate_up.wide.begin(), fold_gate_up.wide.end(), int64_t{0}) +
+                    std::accumulate(fold_down.wide.begin(), fold_down.wide.end(), int64_t{0}),
+                0)
+          << "self-check: every row block folds";
+      MoeArgs f = a;
+      f.gate_up = fold_gate_up.weight;
+      f.gate_up_scale = fold_gate_up.scale;
+      f.down = fold_down.weight;
+      f.down_scale = fold_down.scale;
+      Buffer fold_ref(DType::F32, {tokens, hidden});
+      testing::poison(fold_ref);
+      f.out = fold_ref;
+      moe_experts(f, {Backend::Reference});
+      f.out = out_shape;
+      const Buffer out = run_moe(f, target());
+      const auto cmp = testing::compare(out, fold_ref);
+      EXPECT_EQ(cmp.non_finite, 0);
+      EXPECT_LE(cmp.rel, kMoeTolerance);
+    }
   }
 }
 

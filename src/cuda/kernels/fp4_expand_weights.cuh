@@ -11,6 +11,7 @@
 // recipe's scale layout). With only the first, emax is the row block's: one scale per row and 128 of K. With the
 // second, the gated FP4 kernel (promotion every 32) runs instead and the expansion writes nothing.
 // FP32 and packed scales expand unfolded and the E4M3 GEMM promotes every 32 with the original scales.
+// NOTE: plain __global__ functions in a header: included by src/cuda/runtime/fp4_expand.cu only.
 #pragma once
 #include <cstdint>
 
@@ -23,26 +24,40 @@ inline constexpr int kFp4ExpandThreads = 256;
 inline constexpr int kFp4TileUnfoldable = 1;
 inline constexpr int kFp4RowUnfoldable = 2;
 
-// The scale of row r, group g: scale[(r / n) · group_stride + (r % n) · stride_n + g] (bytes); rows: all weight rows.
+// The weights' rows: `groups` experts of n rows each (one group for a dense layer). The scale of row r, K group g:
+// scale[(r / n) · group_stride + (r % n) · stride_n + g] (bytes). offsets / counts (a grouped layout's row offsets
+// [groups + 1] or row counts [groups], on the device; both null for a dense layer): experts without rows are skipped.
+// Tiles of 128 rows start at each expert's first row: tile t of expert e is tile e · tiles_per_group + t.
 struct Fp4ScaleView {
   const uint8_t* scale;
   int64_t stride_n, group_stride;
   int n;
+  const int32_t* offsets;
+  const int32_t* counts;
   __device__ __forceinline__ int at(int64_t row, int g) const {
     return scale[(row / n) * group_stride + (row % n) * stride_n + g];
   }
+  __device__ __forceinline__ bool group_used(int64_t group) const {
+    if (offsets != nullptr) return offsets[group + 1] > offsets[group];
+    return counts == nullptr || counts[group] > 0;
+  }
+  __device__ __forceinline__ int tiles_per_group() const { return (n + 127) / 128; }
+  __device__ __forceinline__ int64_t tile_of(int64_t row) const { return (row / n) * tiles_per_group() + (row % n) / 128; }
 };
 
-// Grid (K blocks of 128, tiles of 128 rows), 128 threads (a row each): the tile's largest exponent and its scale
-// ([tiles, blocks]), and the two flags.
-__global__ void __launch_bounds__(128) fp4_fold_scan_kernel(Fp4ScaleView s, int64_t rows, int k, int* __restrict__ tile_emax,
+// Grid (K blocks of 128, groups · tiles_per_group), 128 threads (a row each): the tile's largest exponent and its
+// scale ([groups · tiles_per_group, blocks]), and the two flags.
+__global__ void __launch_bounds__(128) fp4_fold_scan_kernel(Fp4ScaleView s, int k, int* __restrict__ tile_emax,
                                                             float* __restrict__ tile_scale, int* __restrict__ flags) {
   __shared__ int warp_hi[4], warp_lo[4];
   const int groups = k / 32, blocks = (k + 127) / 128;
   const int kb = blockIdx.x;
-  const int64_t tile = blockIdx.y, row = tile * 128 + threadIdx.x;
+  const int64_t tile = blockIdx.y, group = tile / s.tiles_per_group();
+  if (!s.group_used(group)) return;  // block-uniform
+  const int row_in_group = static_cast<int>(tile % s.tiles_per_group()) * 128 + threadIdx.x;
+  const int64_t row = group * s.n + row_in_group;
   int hi = 0, lo = 255;
-  if (row < rows) {
+  if (row_in_group < s.n) {
     for (int g = 4 * kb; g < min(4 * kb + 4, groups); ++g) {
       const int e = s.at(row, g);
       hi = max(hi, e);
@@ -83,13 +98,14 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_kernel(
   const int lane = threadIdx.x % 32;
   if (warp >= rows * chunks) return;  // whole warps: the shuffles below see every lane of the warp
   const int64_t row = warp / chunks;
+  if (!s.group_used(row / s.n)) return;  // warp-uniform: one row per warp
   const int q = static_cast<int>(warp % chunks) * 32 + lane;
   const bool valid = q < groups;
   uint2 tab = table[0];
   if constexpr (kFold) {
     const int e = valid ? s.at(row, q) : -1;
     if (!(flag & kFp4TileUnfoldable)) {
-      if (valid) tab = table[min(tile_emax[(row / 128) * blocks + q / 4] - e, 8)];
+      if (valid) tab = table[min(tile_emax[s.tile_of(row) * blocks + q / 4] - e, 8)];
     } else {
       // The row's block of 128 is lanes 4j..4j+3 (q = 4·block + i); lanes past K take no part.
       int hi = e;

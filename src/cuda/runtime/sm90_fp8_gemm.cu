@@ -7,8 +7,8 @@
 #include <mutex>
 #include <optional>
 
-#include "cuda/kernels/fp4_expand_weights.cuh"
 #include "cuda/kernels/splitk_reduce.cuh"
+#include "cuda/runtime/fp4_expand.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
@@ -194,15 +194,6 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
 }
 
 namespace {
-// FP4 prefill through expanded weights (fp4_expand_weights.cuh): at M ≥ FINEGEMM_FP4_EXPAND_M (default 256; 0 turns
-// it off) a dense FP4 call expands its weights into stream-ordered scratch and runs the E4M3 GEMM on them.
-bool fp4_expand_wanted(const GemmParams& p) {
-  if (!p.b_fp4 || p.b_layout != BLayout::Plain || p.b_block_n != 1 || p.b_block_k != 32 || p.gate != nullptr) return false;
-  const char* env = std::getenv("FINEGEMM_FP4_EXPAND_M");
-  const long min_m = env && *env ? std::strtol(env, nullptr, 10) : 256;
-  return min_m > 0 && p.m >= min_m;
-}
-
 template <int kRowsPerTile>
 NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmConfig& c) {
   NormalScheduler<kRowsPerTile> s;
@@ -244,59 +235,14 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // K where every row block's do; the scan writes which on the device, and of three gated launches (the E4M3 GEMM
   // with tile scales, with row scales, the FP4 kernel promoting every 32) that flag runs one. FP32 and packed scales
   // expand unfolded and promote every 32.
-  std::optional<StreamScratch> expanded;
+  std::optional<Fp4Expansion> expanded;
   if (!fp4_decode && fp4_expand_wanted(p)) {
-    const bool fold = p.b_scale_fmt == ScaleFmt::UE8M0;
-    const int blocks = ceil_div(p.k, kGemmBlockK), tiles = ceil_div(p.n, 128);
-    auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-    const size_t weight_bytes = round_up(static_cast<size_t>(p.n) * p.k);
-    const size_t row_scale_bytes = fold ? round_up(sizeof(float) * static_cast<size_t>(p.n) * blocks) : 0;
-    const size_t tile_bytes = fold ? round_up(sizeof(float) * static_cast<size_t>(tiles) * blocks) : 0;
-    expanded.emplace(weight_bytes + row_scale_bytes + 2 * tile_bytes + 16, stream);
-    auto* w8 = expanded->as<uint8_t>();
-    auto* row_scale = reinterpret_cast<float*>(w8 + weight_bytes);
-    auto* tile_scale = reinterpret_cast<float*>(w8 + weight_bytes + row_scale_bytes);
-    auto* tile_emax = reinterpret_cast<int*>(w8 + weight_bytes + row_scale_bytes + tile_bytes);
-    auto* flags = reinterpret_cast<int*>(w8 + weight_bytes + row_scale_bytes + 2 * tile_bytes);
-    const Fp4ScaleView view{static_cast<const uint8_t*>(p.b_scale), p.b_scale_stride_n, p.b_scale_group_stride, p.n};
-    const int64_t warps = static_cast<int64_t>(p.n) * ceil_div(p.k / 32, 32);
-    const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
-    if (fold) {
-      FG_CUDA_CHECK(cudaMemsetAsync(flags, 0, sizeof(int), stream));
-      fp4_fold_scan_kernel<<<dim3(blocks, tiles), 128, 0, stream>>>(view, p.n, p.k, tile_emax, tile_scale, flags);
-      fp4_expand_weights_kernel<true><<<grid, kFp4ExpandThreads, 0, stream>>>(static_cast<const uint8_t*>(b), ldb, view, p.n,
-                                                                              p.k, w8, tile_emax, row_scale, flags);
-    } else {
-      fp4_expand_weights_kernel<false><<<grid, kFp4ExpandThreads, 0, stream>>>(static_cast<const uint8_t*>(b), ldb, view, p.n,
-                                                                               p.k, w8, nullptr, nullptr, nullptr);
-    }
-    FG_CUDA_CHECK(cudaGetLastError());
-    GemmParams q = p;
-    q.b_fp4 = false;
-    if (!fold) return launch_sm90_fp8_gemm(a, lda, w8, p.k, q, stream);
-    q.b_scale_fmt = ScaleFmt::F32;
-    q.b_block_k = kGemmBlockK;
-    q.b_scale_cols = blocks;
-    q.promote_k = p.a_scale == nullptr || p.a_group % kGemmBlockK == 0 ? kGemmBlockK : 32;
-    q.gate = flags;
-    q.gate_mask = kFp4TileUnfoldable | kFp4RowUnfoldable;
-    // Every tile folds: one scale per 128x128 block.
-    q.b_scale = tile_scale;
-    q.b_block_n = 128;
-    q.b_scale_stride_n = blocks;
-    q.b_scale_group_stride = static_cast<int64_t>(tiles) * blocks;
-    q.gate_value = 0;
-    launch_sm90_fp8_gemm(a, lda, w8, p.k, q, stream);
-    // Every row block folds: one scale per row and 128 of K.
-    q.b_scale = row_scale;
-    q.b_block_n = 1;
-    q.b_scale_group_stride = static_cast<int64_t>(p.n) * blocks;
-    q.gate_value = kFp4TileUnfoldable;
-    launch_sm90_fp8_gemm(a, lda, w8, p.k, q, stream);
-    // Some row block spreads wider: the FP4 kernel below, promoting every 32 where it must.
-    p.gate = flags;
-    p.gate_mask = kFp4RowUnfoldable;
-    p.gate_value = kFp4RowUnfoldable;
+    expanded.emplace(b, ldb, p, 1, nullptr, nullptr, stream);
+    using Path = Fp4Expansion::Path;
+    if (!expanded->folded()) return launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Tile), stream);
+    launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Tile), stream);
+    launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Row), stream);
+    expanded->gate_fp4(p);  // the FP4 kernel below runs only where some row block would not fold
   }
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (fp4_decode || fp8_decode) c.split_k = decode.split_k;

@@ -1,5 +1,8 @@
 // Host side of the grouped (MoE) GEMM: the GroupedScheduler over per-expert row ranges read on the device.
 // NOTE: its own translation unit so that the dense and grouped kernels compile in parallel.
+#include <optional>
+
+#include "cuda/runtime/fp4_expand.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
@@ -39,6 +42,19 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   if (layout.num_groups > kMaxGroupedExperts)
     throw Error("num_experts: the grouped GEMM takes at most " + std::to_string(kMaxGroupedExperts) + " experts, got " +
                 std::to_string(layout.num_groups));
+  // FP4 experts at prefill sizes, where switched on (fp4_expand_grouped_wanted): the touched experts' weights expanded
+  // into E4M3 scratch (fp4_expand.hpp) and the E4M3 grouped GEMM, gated as in the dense case (launch_sm90_fp8_gemm).
+  std::optional<Fp4Expansion> expanded;
+  if (fp4_expand_grouped_wanted(p, layout.expected_rows_per_group)) {
+    expanded.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream);
+    using Path = Fp4Expansion::Path;
+    const void* w = expanded->weights();
+    if (!expanded->folded())
+      return launch_sm90_fp8_grouped_gemm(a, lda, w, p.k, layout, epilogue, expanded->e4m3_params(p, Path::Tile), stream);
+    launch_sm90_fp8_grouped_gemm(a, lda, w, p.k, layout, epilogue, expanded->e4m3_params(p, Path::Tile), stream);
+    launch_sm90_fp8_grouped_gemm(a, lda, w, p.k, layout, epilogue, expanded->e4m3_params(p, Path::Row), stream);
+    expanded->gate_fp4(p);  // the FP4 kernel below runs only where some row block would not fold
+  }
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int num_sms = num_sms_of_device(device);

@@ -1,0 +1,99 @@
+// Host side of src/cuda/kernels/fp4_expand_weights.cuh.
+#include <cstdlib>
+
+#include "cuda/kernels/fp4_expand_weights.cuh"
+#include "cuda/kernels/sm90_fp8_gemm.cuh"
+#include "cuda/runtime/check.hpp"
+#include "cuda/runtime/fp4_expand.hpp"
+
+namespace finegemm::cuda {
+namespace {
+
+bool expandable(const GemmParams& p) {
+  return p.b_fp4 && p.b_block_n == 1 && p.b_block_k == 32 && p.gate == nullptr && p.b_scale != nullptr;
+}
+
+long env_long(const char* name, long fallback) {
+  const char* env = std::getenv(name);
+  return env && *env ? std::strtol(env, nullptr, 10) : fallback;
+}
+
+size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+bool fp4_expand_wanted(const GemmParams& p) {
+  const long min_m = env_long("FINEGEMM_FP4_EXPAND_M", 256);
+  return expandable(p) && p.b_layout == BLayout::Plain && min_m > 0 && p.m >= min_m;
+}
+
+bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group) {
+  const long min_rows = env_long("FINEGEMM_FP4_EXPAND_GROUPED_ROWS", 0);
+  return expandable(p) && min_rows > 0 && expected_rows_per_group >= min_rows;
+}
+
+Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
+                           const int32_t* counts, cudaStream_t stream)
+    : fold_(p.b_scale_fmt == ScaleFmt::UE8M0), groups_(groups) {
+  blocks_ = (p.k + kGemmBlockK - 1) / kGemmBlockK;
+  tiles_ = (p.n + 127) / 128;
+  const int64_t rows = static_cast<int64_t>(groups) * p.n;
+  const size_t weight_bytes = round_up(static_cast<size_t>(rows) * p.k);
+  const size_t row_scale_bytes = fold_ ? round_up(sizeof(float) * static_cast<size_t>(rows) * blocks_) : 0;
+  const size_t tile_bytes = fold_ ? round_up(sizeof(float) * static_cast<size_t>(groups) * tiles_ * blocks_) : 0;
+  scratch_.emplace(weight_bytes + row_scale_bytes + 2 * tile_bytes + 16, stream);
+  weights_ = scratch_->as<uint8_t>();
+  row_scale_ = reinterpret_cast<float*>(weights_ + weight_bytes);
+  tile_scale_ = reinterpret_cast<float*>(weights_ + weight_bytes + row_scale_bytes);
+  auto* tile_emax = reinterpret_cast<int*>(weights_ + weight_bytes + row_scale_bytes + tile_bytes);
+  flags_ = reinterpret_cast<int*>(weights_ + weight_bytes + row_scale_bytes + 2 * tile_bytes);
+
+  const Fp4ScaleView view{static_cast<const uint8_t*>(p.b_scale), p.b_scale_stride_n, p.b_scale_group_stride, p.n,
+                          offsets, counts};
+  const int64_t warps = rows * ((p.k / 32 + 31) / 32);
+  const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
+  const auto* packed = static_cast<const uint8_t*>(b);
+  if (fold_) {
+    FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
+    fp4_fold_scan_kernel<<<dim3(blocks_, groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
+    fp4_expand_weights_kernel<true>
+        <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, tile_emax, row_scale_, flags_);
+  } else {
+    fp4_expand_weights_kernel<false>
+        <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, nullptr, nullptr, nullptr);
+  }
+  FG_CUDA_CHECK(cudaGetLastError());
+}
+
+GemmParams Fp4Expansion::e4m3_params(const GemmParams& p, Path path) const {
+  GemmParams q = p;
+  q.b_fp4 = false;
+  if (!fold_) return q;  // the original MX 1x32 scales, promoted every 32
+  q.b_scale_fmt = ScaleFmt::F32;
+  q.b_block_k = kGemmBlockK;
+  q.b_scale_cols = blocks_;
+  q.b_scale_stride_n = blocks_;
+  q.promote_k = p.a_scale == nullptr || p.a_group % kGemmBlockK == 0 ? kGemmBlockK : 32;
+  q.gate = flags_;
+  q.gate_mask = kFp4TileUnfoldable | kFp4RowUnfoldable;
+  if (path == Path::Tile) {  // every tile folds: one scale per 128x128 block
+    q.b_scale = tile_scale_;
+    q.b_block_n = 128;
+    q.b_scale_group_stride = static_cast<int64_t>(tiles_) * blocks_;
+    q.gate_value = 0;
+  } else {  // every row block folds: one scale per row and 128 of K
+    q.b_scale = row_scale_;
+    q.b_block_n = 1;
+    q.b_scale_group_stride = static_cast<int64_t>(p.n) * blocks_;
+    q.gate_value = kFp4TileUnfoldable;
+  }
+  return q;
+}
+
+void Fp4Expansion::gate_fp4(GemmParams& p) const {
+  p.gate = flags_;
+  p.gate_mask = kFp4RowUnfoldable;
+  p.gate_value = kFp4RowUnfoldable;
+}
+
+}  // namespace finegemm::cuda

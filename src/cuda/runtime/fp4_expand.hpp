@@ -1,0 +1,48 @@
+// FP4 weights expanded into E4M3 scratch for the E4M3 GEMM (src/cuda/kernels/fp4_expand_weights.cuh): the prefill
+// path of dense FP4 layers (launch_sm90_fp8_gemm) and, where switched on, of FP4 experts (the grouped GEMM).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "cuda/kernels/gemm_params.cuh"
+#include "cuda/runtime/gemm_args.hpp"
+
+namespace finegemm::cuda {
+
+class Fp4Expansion {
+ public:
+  // b: packed E2M1 [groups · p.n, K / 2], rows ldb bytes apart; p: the FP4 call (its MX 1x32 scales). offsets / counts
+  // (a grouped layout's, on the device; null for a dense layer): experts without rows are not expanded. Everything
+  // is enqueued on `stream`; the scratch is freed on it when this object goes.
+  Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
+               const int32_t* counts, cudaStream_t stream);
+
+  // [groups · p.n, K] E4M3, rows K bytes apart.
+  const void* weights() const { return weights_; }
+  // Byte UE8M0 scales fold (three gated paths); FP32 and packed scales do not (one E4M3 GEMM promoting every 32).
+  bool folded() const { return fold_; }
+  enum class Path { Tile, Row };
+  // The E4M3 GEMM's parameters: unfolded, p's own scales; folded, one scale per 128x128 tile or per row and 128 of
+  // K, gated on the scan's flags.
+  GemmParams e4m3_params(const GemmParams& p, Path path) const;
+  // Gates p (the FP4 kernel on the packed weights) to run only where some row block would not fold.
+  void gate_fp4(GemmParams& p) const;
+
+ private:
+  std::optional<StreamScratch> scratch_;
+  bool fold_ = false;
+  int blocks_ = 0, tiles_ = 0, groups_ = 1;
+  uint8_t* weights_ = nullptr;
+  float* row_scale_ = nullptr;
+  float* tile_scale_ = nullptr;
+  int* flags_ = nullptr;
+};
+
+// Dense FP4 calls expand at M ≥ FINEGEMM_FP4_EXPAND_M (default 256; 0: never). Grouped FP4 calls expand when the
+// experts average at least FINEGEMM_FP4_EXPAND_GROUPED_ROWS rows (default 0: never, until measured on the H200).
+bool fp4_expand_wanted(const GemmParams& p);
+bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group);
+
+}  // namespace finegemm::cuda
