@@ -34,15 +34,15 @@ bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_gr
 
 Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
                            const int32_t* counts, cudaStream_t stream)
-    : fold_(p.b_scale_fmt == ScaleFmt::UE8M0), groups_(groups) {
+    : stream_(stream), fold_(p.b_scale_fmt == ScaleFmt::UE8M0), groups_(groups) {
   blocks_ = (p.k + kGemmBlockK - 1) / kGemmBlockK;
   tiles_ = (p.n + 127) / 128;
   const int64_t rows = static_cast<int64_t>(groups) * p.n;
   const size_t weight_bytes = round_up(static_cast<size_t>(rows) * p.k);
   const size_t row_scale_bytes = fold_ ? round_up(sizeof(float) * static_cast<size_t>(rows) * blocks_) : 0;
   const size_t tile_bytes = fold_ ? round_up(sizeof(float) * static_cast<size_t>(groups) * tiles_ * blocks_) : 0;
-  scratch_.emplace(weight_bytes + row_scale_bytes + 2 * tile_bytes + 16, stream);
-  weights_ = scratch_->as<uint8_t>();
+  weights_ = static_cast<uint8_t*>(scratch_try_alloc(weight_bytes + row_scale_bytes + 2 * tile_bytes + 16, stream));
+  if (weights_ == nullptr) return;
   row_scale_ = reinterpret_cast<float*>(weights_ + weight_bytes);
   tile_scale_ = reinterpret_cast<float*>(weights_ + weight_bytes + row_scale_bytes);
   auto* tile_emax = reinterpret_cast<int*>(weights_ + weight_bytes + row_scale_bytes + tile_bytes);
@@ -63,6 +63,10 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
         <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, nullptr, nullptr, nullptr);
   }
   FG_CUDA_CHECK(cudaGetLastError());
+}
+
+Fp4Expansion::~Fp4Expansion() {
+  if (weights_ != nullptr) (void)cudaFreeAsync(weights_, stream_);
 }
 
 GemmParams Fp4Expansion::e4m3_params(const GemmParams& p, Path path) const {

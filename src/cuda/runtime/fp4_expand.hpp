@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <optional>
 
 #include "cuda/kernels/gemm_params.cuh"
 #include "cuda/runtime/gemm_args.hpp"
@@ -15,9 +14,14 @@ class Fp4Expansion {
  public:
   // b: packed E2M1 [groups · p.n, K / 2], rows ldb bytes apart; p: the FP4 call (its MX 1x32 scales). offsets / counts
   // (a grouped layout's, on the device; null for a dense layer): experts without rows are not expanded. Everything
-  // is enqueued on `stream`; the scratch is freed on it when this object goes.
+  // is enqueued on `stream`; the scratch is freed on it when this object goes. Without memory for the scratch
+  // (groups · N · K bytes) nothing is enqueued and ready() is false: the caller runs the FP4 kernel as it is.
   Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
                const int32_t* counts, cudaStream_t stream);
+  ~Fp4Expansion();
+  Fp4Expansion(const Fp4Expansion&) = delete;
+  Fp4Expansion& operator=(const Fp4Expansion&) = delete;
+  bool ready() const { return weights_ != nullptr; }
 
   // [groups · p.n, K] E4M3, rows K bytes apart.
   const void* weights() const { return weights_; }
@@ -31,7 +35,7 @@ class Fp4Expansion {
   void gate_fp4(GemmParams& p) const;
 
  private:
-  std::optional<StreamScratch> scratch_;
+  cudaStream_t stream_;
   bool fold_ = false;
   int blocks_ = 0, tiles_ = 0, groups_ = 1;
   uint8_t* weights_ = nullptr;

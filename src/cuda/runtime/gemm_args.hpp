@@ -31,6 +31,8 @@ inline ScaleFmt scale_fmt_of(ScaleFormat f) {
 
 // finegemm's scratch pool of the current device (memory.cu): keeps what was freed.
 void* scratch_alloc(size_t bytes, cudaStream_t stream);
+// The same, or nullptr when the device is out of memory (optional scratch: the caller takes a path without it).
+void* scratch_try_alloc(size_t bytes, cudaStream_t stream);
 cudaMemPool_t scratch_pool(int device);   // created on first use
 bool scratch_pool_created(int device);
 

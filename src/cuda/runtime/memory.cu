@@ -73,6 +73,19 @@ void* scratch_alloc(size_t bytes, cudaStream_t stream) {
   return ptr;
 }
 
+void* scratch_try_alloc(size_t bytes, cudaStream_t stream) {
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  void* ptr = nullptr;
+  const cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes, scratch_pool(device), stream);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it for the caller's next check
+    return nullptr;
+  }
+  FG_CUDA_CHECK(status);
+  return ptr;
+}
+
 void release_scratch(int device) {
   int count = 0;
   FG_CUDA_CHECK(cudaGetDeviceCount(&count));

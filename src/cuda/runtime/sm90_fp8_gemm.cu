@@ -238,6 +238,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   std::optional<Fp4Expansion> expanded;
   if (!fp4_decode && fp4_expand_wanted(p)) {
     expanded.emplace(b, ldb, p, 1, nullptr, nullptr, stream);
+    if (!expanded->ready()) expanded.reset();  // no memory for the scratch: the FP4 kernel as it is
+  }
+  if (expanded) {
     using Path = Fp4Expansion::Path;
     if (!expanded->folded()) return launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Tile), stream);
     launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Tile), stream);

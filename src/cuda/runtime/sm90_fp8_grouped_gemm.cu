@@ -47,6 +47,9 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   std::optional<Fp4Expansion> expanded;
   if (fp4_expand_grouped_wanted(p, layout.expected_rows_per_group)) {
     expanded.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream);
+    if (!expanded->ready()) expanded.reset();  // no memory for the scratch: the FP4 kernel as it is
+  }
+  if (expanded) {
     using Path = Fp4Expansion::Path;
     const void* w = expanded->weights();
     if (!expanded->folded())
