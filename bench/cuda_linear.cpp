@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   // --bf16-input: activations arrive in BF16 and linear() quantizes them (the serving path: the activation
   // quantization is timed with the GEMM); by default they arrive quantized (E4M3 and their scales).
   bool bf16_input = false;
+  bool weights_static = false;  // --weights-static: RunOptions::weights_static (no kernel here writes weights)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--m" && i + 1 < argc) {
@@ -129,6 +130,8 @@ int main(int argc, char** argv) {
     } else if (a == "--variants" && i + 1 < argc) {
       variant_names.clear();
       for (char* tok = std::strtok(argv[++i], ","); tok; tok = std::strtok(nullptr, ",")) variant_names.push_back(tok);
+    } else if (a == "--weights-static") {
+      weights_static = true;
     } else if (a == "--bf16-input") {
       bf16_input = true;
     } else if (a == "--quick") {
@@ -224,6 +227,7 @@ int main(int argc, char** argv) {
         args.weight_recipe = var.weight;
         args.out = TensorView::of(out.data(), DType::BF16, {m, n}, kGpu);
         RunOptions opt{Backend::Cuda, stream};
+        opt.weights_static = weights_static;
         linear(args, opt);
         CHECK_CUDA(cudaStreamSynchronize(stream));
         const double rel = bf16_input ? check_rows_bf16(args, xb, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n)
@@ -275,9 +279,10 @@ int main(int argc, char** argv) {
         const double bytes = static_cast<double>(m * k * (bf16_input ? 2 : 1) + w_bytes + m * n * 2);
         const double best = us_graph > 0 ? std::min(us, us_graph) : us;
         std::printf("{\"variant\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"us_graph\": %.3f, "
-                    "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d, \"input\": \"%s\"}\n",
+                    "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d, \"input\": \"%s\", "
+                    "\"weights_static\": %s}\n",
                     var.name.c_str(), (long long)m, (long long)n, (long long)k, us, us_graph, flops / best / 1e6,
-                    bytes / best / 1e3, rel, copies, bf16_input ? "bf16" : "e4m3");
+                    bytes / best / 1e3, rel, copies, bf16_input ? "bf16" : "e4m3", weights_static ? "true" : "false");
         std::fflush(stdout);
       }
     }

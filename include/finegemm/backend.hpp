@@ -14,6 +14,14 @@ enum class Backend {
 struct RunOptions {
   Backend backend = Backend::Auto;
   void* stream = nullptr;  // cudaStream_t for CUDA work (nullptr: the legacy default stream)
+  // A promise for CUDA linear calls: no work enqueued on the stream since the weights (and their scales) were last
+  // written is still running when the call is enqueued, i.e. the kernel directly ahead of the call does not write
+  // them (serving: weights loaded once). A decode-sized call (M ≤ 64) then requests its first weight tiles before it
+  // waits for that kernel (programmatic dependent launch), as it always does when it quantizes its own activations.
+  // Without it, E4M3 activations arriving from the caller's kernel make the call load nothing before that kernel
+  // completes. H200, graph replay, M = 1, N = 24576, K = 1536: 13.15-13.21 µs without it; 11.75-11.92 when the kernel
+  // made these early requests whatever ran ahead (stop 20).
+  bool weights_static = false;
 };
 
 const char* backend_name(Backend backend);

@@ -212,12 +212,16 @@ def linear(
     out_dtype=None,
     backend=Backend.Auto,
     stream=None,
+    weights_static=False,
 ):
     """out [M, N] = dequant(x) @ dequant(weight).T (+ bias).
 
     x: [M, K] float32/float16/bfloat16 (quantized on the fly per `activation`), or float8_e4m3fn already
     quantized (then x_scale holds its scales). Static recipe: x_scale is the float32 input scale.
     out: written in place when given; else a new array of out_dtype (default: x's float dtype, or bfloat16).
+    weights_static: a promise that the kernel enqueued just before this call does not write `weight` or
+    `weight_scale` (weights loaded once, as in serving); a CUDA decode-sized call then starts reading the weights
+    before that kernel ends (RunOptions::weights_static in the C++ API).
     """
     if out is None:
         out_dtype = _default_out_dtype(x) if out_dtype is None else out_dtype
@@ -233,6 +237,7 @@ def linear(
         bias=bias,
         backend=backend,
         stream=_stream(stream, x),
+        weights_static=weights_static,
     )
     return out
 

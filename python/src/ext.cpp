@@ -401,7 +401,7 @@ NB_MODULE(_ext, m) {
       "linear",
       [](nb::handle x, nb::handle weight, nb::handle weight_scale, nb::handle out_array,
          const fg::WeightRecipe& weight_recipe, const fg::ActivationRecipe& activation, nb::handle x_scale,
-         nb::handle bias, fg::Backend backend, uintptr_t stream) {
+         nb::handle bias, fg::Backend backend, uintptr_t stream, bool weights_static) {
         Keep keep;
         fg::LinearArgs args;
         args.x = in(x, "x", keep);
@@ -413,11 +413,13 @@ NB_MODULE(_ext, m) {
         args.bias = in_opt(bias, "bias", keep);
         args.out = out(out_array, "out", keep);
         nb::gil_scoped_release release;
-        fg::linear(args, run_options(backend, stream));
+        fg::RunOptions options = run_options(backend, stream);
+        options.weights_static = weights_static;
+        fg::linear(args, options);
       },
       "x"_a.none(), "weight"_a.none(), "weight_scale"_a.none(), "out"_a.none(), nb::kw_only(), "weight_recipe"_a,
       "activation"_a, "x_scale"_a.none() = nb::none(), "bias"_a.none() = nb::none(), "backend"_a = fg::Backend::Auto,
-      "stream"_a = 0, "out = dequant(x) @ dequant(weight).T (+ bias), written into `out` [M, N].");
+      "stream"_a = 0, "weights_static"_a = false, "out = dequant(x) @ dequant(weight).T (+ bias), written into `out` [M, N].");
   m.def(
       "moe_experts",
       [](nb::handle hidden, nb::handle top_k_index, nb::handle top_k_weights, nb::handle gate_up,

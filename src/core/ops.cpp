@@ -70,7 +70,7 @@ void linear(const LinearArgs& args, const RunOptions& options) {
   switch (resolve(options.backend, args.x.device)) {
     case Backend::Reference: return cpu::reference_linear(args);
 #if FINEGEMM_WITH_CUDA
-    case Backend::Cuda: return cuda::linear(args, options.stream);
+    case Backend::Cuda: return cuda::linear(args, options.stream, options.weights_static);
 #endif
     default: return cpu::fast_linear(args);
   }

@@ -10,7 +10,8 @@ namespace finegemm::cuda {
 bool device_present();
 void quantize_activations(const TensorView& x, const ActivationRecipe& recipe, const TensorView& x_q,
                           const TensorView& x_scale, void* stream);
-void linear(const LinearArgs& args, void* stream);
+// weights_static: RunOptions::weights_static.
+void linear(const LinearArgs& args, void* stream, bool weights_static = false);
 void moe_experts(const MoeArgs& args, void* stream);
 
 }  // namespace finegemm::cuda

@@ -59,7 +59,7 @@ LinearCase make_case(const NamedRecipe& recipe, int64_t m, int64_t n, int64_t k,
 }
 
 // Runs args on the GPU (copies in, poisons the output, runs, copies out) and returns the host output.
-Buffer run_on_gpu(const LinearArgs& host_args) {
+Buffer run_on_gpu(const LinearArgs& host_args, const RunOptions& options = {}) {
   auto x = to_device(host_args.x, kGpu), xs = to_device(host_args.x_scale, kGpu), w = to_device(host_args.weight, kGpu),
        ws = to_device(host_args.weight_scale, kGpu), b = to_device(host_args.bias, kGpu);
   Buffer out(host_args.out.dtype, host_args.out.sizes());
@@ -72,7 +72,7 @@ Buffer run_on_gpu(const LinearArgs& host_args) {
   a.weight_scale = ws.view;
   a.bias = b.view;
   a.out = d_out.view;
-  linear(a);
+  linear(a, options);
   synchronize(kGpu);
   copy_to_host(d_out.view, out);
   return out;
@@ -400,6 +400,30 @@ TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
   const auto cmp = testing::compare(run_on_gpu(pre), ref);
   EXPECT_EQ(cmp.non_finite, 0);
   EXPECT_LE(cmp.rel, 3e-3);
+}
+
+// RunOptions::weights_static with E4M3 activations: the decode kernel requests its first weight tiles before it waits
+// for the kernel ahead (programmatic dependent launch, on by default for E4M3 weights). M = 1 and 16, without and with
+// split-K, and M = 200 (the general kernel, which ignores the promise), against the CPU reference.
+TEST_F(CudaTest, PreQuantizedActivationsWithStaticWeights) {
+  const auto recipe = all_recipes()[0];  // block 128×128, group 128
+  RunOptions options;
+  options.weights_static = true;
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 512, 4096}, {16, 384, 1536}, {200, 256, 1024}}) {
+    for (const char* split : {"", "1", "3"}) {
+      const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, false);
+      Buffer xq(DType::F8_E4M3, {m, k}), xs(DType::F32, activation_scale_shape(recipe.activation, m, k));
+      quantize_activations(c.x, recipe.activation, xq, xs);
+      LinearArgs pre = c.args;
+      pre.x = xq;
+      pre.x_scale = xs;
+      const Buffer ref = run_reference(pre, DType::BF16, m, n);
+      const auto cmp = testing::compare(run_on_gpu(pre, options), ref);
+      EXPECT_EQ(cmp.non_finite, 0) << "M=" << m << " split=" << split;
+      EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << "M=" << m << " split=" << split;
+    }
+  }
 }
 
 TEST_F(CudaTest, QuantizeActivationsBitExact) {

@@ -95,6 +95,22 @@ def test_linear_every_recipe(recipe, out_dtype):
     assert rel(outs[Backend.Cpu], np.asarray(outs[Backend.Reference], np.float64)) <= TOL[out_dtype]
 
 
+def test_linear_weights_static_is_passed_and_changes_nothing_on_the_cpu():
+    # The promise only lets a CUDA decode call read weights early; on the CPU the same bits come back.
+    recipe = RECIPES[0]
+    g = rng()
+    x = g.standard_normal((3, 256)).astype(np.float32)
+    w_q, w_scale = quantized_weight((0.05 * g.standard_normal((128, 256))).astype(np.float32), recipe.weight)
+    outs = [finegemm.linear(x, w_q, w_scale, weight_recipe=recipe.weight, activation=recipe.activation,
+                            out=poisoned((3, 128), "float32"), backend=Backend.Cpu, weights_static=static)
+            for static in (False, True)]
+    assert np.isfinite(outs[0]).all()
+    assert np.array_equal(outs[0], outs[1])
+    with pytest.raises(TypeError):
+        finegemm.linear(x, w_q, w_scale, weight_recipe=recipe.weight, activation=recipe.activation,
+                        weights_statics=True)
+
+
 def moe_case(recipe, activation=MoeActivation.SwiGLU, tokens=6, hidden=256, inter=128, experts=4, top_k=2,
              bias=False):
     g = rng()

@@ -17,7 +17,7 @@ void quantize_activations(const TensorView& x, const ActivationRecipe& recipe, c
                               static_cast<cudaStream_t>(stream));
 }
 
-void linear(const LinearArgs& args, void* stream_handle) {
+void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
   const DeviceGuard guard(args.x.device.index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const int64_t m = args.x.shape[0], k = args.x.shape[1], n = args.weight.shape[0];
@@ -64,6 +64,8 @@ void linear(const LinearArgs& args, void* stream_handle) {
     // it waits (GemmParams::pdl_weights_ready).
     p.pdl_weights_ready = true;
   }
+  // The caller promises that the kernel ahead does not write the weights (RunOptions::weights_static).
+  if (weights_static) p.pdl_weights_ready = true;
   set_activation_scales(p, args.activation, x_scale, scale_stride_m, scale_stride_k, k, x_scale);
   set_weight_scales(p, args.weight_recipe, args.weight_scale, n, k);
 
