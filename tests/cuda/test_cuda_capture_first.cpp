@@ -2,6 +2,7 @@
 // the stream captures (its own program, so that no earlier test has created it). A linear call that quantizes its
 // activations (stream-ordered scratch) is captured, replayed into a poisoned output and checked against the
 // reference; a second replay gives the same bits. Then the same with programmatic dependent launch (FINEGEMM_PDL=1).
+// A second test captures FP4 prefill through expanded weights.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -63,6 +64,53 @@ TEST(CudaCaptureFirst, LinearCapturedBeforeAnyEagerCall) {
     }
   }
   unsetenv("FINEGEMM_PDL");
+}
+
+// FP4 prefill captured (after the test above, so not the first call): the weight expansion's scratch, the flag
+// memset, the scan, the expansion and the three gated GEMM launches (fp4_expand.cu) as graph nodes; replayed twice
+// into a poisoned output, checked against the reference, the same bits both times. Dense FP4 at M = 300 takes the
+// expansion (FINEGEMM_FP4_EXPAND_M, default 256).
+TEST(CudaCapture, Fp4PrefillExpansionInAGraph) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(testing::test_seed());
+  const NamedRecipe recipe{"mxfp4/ue8m0 x group128-pow2", WeightRecipe::mxfp4(ScaleFormat::UE8M0),
+                           ActivationRecipe::per_token_group(128, true)};
+  const int64_t m = 300, n = 384, k = 1024;
+  const tools::LinearData data = tools::make_linear(rng, recipe, {m, n, k, false, DType::BF16});
+  const LinearArgs host_args = data.args(data.out.view);
+  tools::HostTensor ref(DType::F32, {m, n});
+  LinearArgs ref_args = host_args;
+  ref_args.out = ref.view;
+  linear(ref_args, {Backend::Reference});
+
+  tools::HostTensor out(DType::BF16, {m, n}), again(DType::BF16, {m, n});
+  tools::DeviceRun gpu(Backend::Cuda);
+  LinearArgs args = gpu.upload(host_args);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  linear(args, {Backend::Cuda, stream});
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t nodes = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  // Activation quantization, memset, scan, expansion, three gated GEMMs, and the scratch's allocations and frees.
+  EXPECT_GE(nodes, 10u) << "the expansion path was not captured (13 nodes with it, 6 without)";
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (tools::HostTensor* dst : {&out, &again}) {
+    ASSERT_EQ(cudaMemsetAsync(args.out.data, 0xFF, static_cast<size_t>(m * n) * 2, stream), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    gpu.download(args.out, dst->view);
+  }
+  const auto cmp = tools::compare(out.view, ref.view);
+  EXPECT_EQ(cmp.non_finite, 0);
+  EXPECT_LE(cmp.rel, 3e-3);
+  EXPECT_EQ(0, std::memcmp(out.view.data, again.view.data, static_cast<size_t>(m * n) * 2));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
