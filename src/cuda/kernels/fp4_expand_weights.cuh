@@ -45,14 +45,14 @@ struct Fp4ScaleView {
   __device__ __forceinline__ int64_t tile_of(int64_t row) const { return (row / n) * tiles_per_group() + (row % n) / 128; }
 };
 
-// Grid (K blocks of 128, groups · tiles_per_group), 128 threads (a row each): the tile's largest exponent and its
-// scale ([groups · tiles_per_group, blocks]), and the two flags.
+// Grid (groups · tiles_per_group, K blocks of 128), 128 threads (a row each): the tile's largest exponent and its
+// scale ([groups · tiles_per_group, blocks]), and the two flags. (Tiles on x: up to 2^31 - 1; blocks on y: K < 2^23.)
 __global__ void __launch_bounds__(128) fp4_fold_scan_kernel(Fp4ScaleView s, int k, int* __restrict__ tile_emax,
                                                             float* __restrict__ tile_scale, int* __restrict__ flags) {
   __shared__ int warp_hi[4], warp_lo[4];
   const int groups = k / 32, blocks = (k + 127) / 128;
-  const int kb = blockIdx.x;
-  const int64_t tile = blockIdx.y, group = tile / s.tiles_per_group();
+  const int kb = blockIdx.y;
+  const int64_t tile = blockIdx.x, group = tile / s.tiles_per_group();
   if (!s.group_used(group)) return;  // block-uniform
   const int row_in_group = static_cast<int>(tile % s.tiles_per_group()) * 128 + threadIdx.x;
   const int64_t row = group * s.n + row_in_group;

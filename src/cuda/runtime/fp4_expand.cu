@@ -55,7 +55,7 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   const auto* packed = static_cast<const uint8_t*>(b);
   if (fold_) {
     FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
-    fp4_fold_scan_kernel<<<dim3(blocks_, groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
+    fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
     fp4_expand_weights_kernel<true>
         <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, tile_emax, row_scale_, flags_);
   } else {
