@@ -18,6 +18,33 @@
 namespace finegemm {
 namespace {
 
+// Captures linear(args) on a fresh stream, replays the graph into `out` and again into `again` (the output poisoned
+// before each replay) and returns the captured graph's node count.
+size_t capture_and_replay_twice(tools::DeviceRun& gpu, const LinearArgs& args, tools::HostTensor& out,
+                                tools::HostTensor& again) {
+  const size_t out_bytes = static_cast<size_t>(args.out.shape[0] * args.out.shape[1]) * dtype_size(args.out.dtype);
+  cudaStream_t stream;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  linear(args, {Backend::Cuda, stream});
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t nodes = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (tools::HostTensor* dst : {&out, &again}) {
+    EXPECT_EQ(cudaMemsetAsync(args.out.data, 0xFF, out_bytes, stream), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    gpu.download(args.out, dst->view);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return nodes;
+}
+
 TEST(CudaCaptureFirst, LinearCapturedBeforeAnyEagerCall) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(testing::test_seed());
@@ -39,28 +66,13 @@ TEST(CudaCaptureFirst, LinearCapturedBeforeAnyEagerCall) {
       tools::poison(out.view);
       tools::poison(again.view);
       tools::DeviceRun gpu(Backend::Cuda);
-      LinearArgs args = gpu.upload(host_args);
-      cudaStream_t stream;
-      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      linear(args, {Backend::Cuda, stream});
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      for (tools::HostTensor* dst : {&out, &again}) {
-        ASSERT_EQ(cudaMemsetAsync(args.out.data, 0xFF, static_cast<size_t>(m) * 512 * 2, stream), cudaSuccess);
-        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-        gpu.download(args.out, dst->view);
-      }
+      const LinearArgs args = gpu.upload(host_args);
+      capture_and_replay_twice(gpu, args, out, again);
+      if (::testing::Test::HasFailure()) return;
       const auto cmp = tools::compare(out.view, ref.view);
       EXPECT_EQ(cmp.non_finite, 0) << "M=" << m;
       EXPECT_LE(cmp.rel, 3e-3) << "M=" << m;
       EXPECT_EQ(0, std::memcmp(out.view.data, again.view.data, static_cast<size_t>(m) * 512 * 2)) << "M=" << m;
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
     }
   }
   unsetenv("FINEGEMM_PDL");
@@ -85,32 +97,15 @@ TEST(CudaCapture, Fp4PrefillExpansionInAGraph) {
 
   tools::HostTensor out(DType::BF16, {m, n}), again(DType::BF16, {m, n});
   tools::DeviceRun gpu(Backend::Cuda);
-  LinearArgs args = gpu.upload(host_args);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  linear(args, {Backend::Cuda, stream});
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  size_t nodes = 0;
-  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  const LinearArgs args = gpu.upload(host_args);
+  const size_t nodes = capture_and_replay_twice(gpu, args, out, again);
+  if (HasFailure()) return;
   // Activation quantization, memset, scan, expansion, three gated GEMMs, and the scratch's allocations and frees.
   EXPECT_GE(nodes, 10u) << "the expansion path was not captured (13 nodes with it, 6 without)";
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (tools::HostTensor* dst : {&out, &again}) {
-    ASSERT_EQ(cudaMemsetAsync(args.out.data, 0xFF, static_cast<size_t>(m * n) * 2, stream), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    gpu.download(args.out, dst->view);
-  }
   const auto cmp = tools::compare(out.view, ref.view);
   EXPECT_EQ(cmp.non_finite, 0);
   EXPECT_LE(cmp.rel, 3e-3);
   EXPECT_EQ(0, std::memcmp(out.view.data, again.view.data, static_cast<size_t>(m * n) * 2));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

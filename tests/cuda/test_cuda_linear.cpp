@@ -28,8 +28,20 @@ class CudaTest : public ::testing::Test {
 
 struct LinearCase {
   Buffer x, x_scale, w, w_scale, bias, out;
+  Buffer x_q, x_q_scale;  // prequantize()
   LinearArgs args;
 };
+
+// The case's x quantized to E4M3 on the CPU per its recipe: args take the E4M3 activations and their scales, as a
+// caller that quantized them hands them over.
+void prequantize(LinearCase& c, const ActivationRecipe& activation) {
+  const int64_t m = c.x.view.shape[0], k = c.x.view.shape[1];
+  c.x_q = Buffer(DType::F8_E4M3, {m, k});
+  c.x_q_scale = Buffer(DType::F32, activation_scale_shape(activation, m, k));
+  quantize_activations(c.x, activation, c.x_q, c.x_q_scale);
+  c.args.x = c.x_q;
+  c.args.x_scale = c.x_q_scale;
+}
 
 // Random bf16 activations and fp32 master weights quantized per the recipe on the CPU.
 LinearCase make_case(const NamedRecipe& recipe, int64_t m, int64_t n, int64_t k, DType x_dtype, DType out_dtype,
@@ -390,14 +402,9 @@ TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
   const auto recipe = all_recipes()[0];  // block 128×128, group 128
   const int64_t m = 77, n = 384, k = 1536;
   LinearCase c = make_case(recipe, m, n, k, DType::F16, DType::F16, true);
-  // Quantize x on the CPU, hand the GPU E4M3 activations with their scales.
-  Buffer xq(DType::F8_E4M3, {m, k}), xs(DType::F32, activation_scale_shape(recipe.activation, m, k));
-  quantize_activations(c.x, recipe.activation, xq, xs);
-  LinearArgs pre = c.args;
-  pre.x = xq;
-  pre.x_scale = xs;
-  const Buffer ref = run_reference(pre, DType::F16, m, n);
-  const auto cmp = testing::compare(run_on_gpu(pre), ref);
+  prequantize(c, recipe.activation);
+  const Buffer ref = run_reference(c.args, DType::F16, m, n);
+  const auto cmp = testing::compare(run_on_gpu(c.args), ref);
   EXPECT_EQ(cmp.non_finite, 0);
   EXPECT_LE(cmp.rel, 3e-3);
 }
@@ -413,13 +420,9 @@ TEST_F(CudaTest, PreQuantizedActivationsWithStaticWeights) {
     for (const char* split : {"", "1", "3"}) {
       const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
       LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, false);
-      Buffer xq(DType::F8_E4M3, {m, k}), xs(DType::F32, activation_scale_shape(recipe.activation, m, k));
-      quantize_activations(c.x, recipe.activation, xq, xs);
-      LinearArgs pre = c.args;
-      pre.x = xq;
-      pre.x_scale = xs;
-      const Buffer ref = run_reference(pre, DType::BF16, m, n);
-      const auto cmp = testing::compare(run_on_gpu(pre, options), ref);
+      prequantize(c, recipe.activation);
+      const Buffer ref = run_reference(c.args, DType::BF16, m, n);
+      const auto cmp = testing::compare(run_on_gpu(c.args, options), ref);
       EXPECT_EQ(cmp.non_finite, 0) << "M=" << m << " split=" << split;
       EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << "M=" << m << " split=" << split;
     }

@@ -34,7 +34,7 @@ bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_gr
 
 Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
                            const int32_t* counts, cudaStream_t stream)
-    : stream_(stream), fold_(p.b_scale_fmt == ScaleFmt::UE8M0), groups_(groups) {
+    : stream_(stream), fold_(p.b_scale_fmt == ScaleFmt::UE8M0) {
   blocks_ = (p.k + kGemmBlockK - 1) / kGemmBlockK;
   tiles_ = (p.n + 127) / 128;
   const int64_t rows = static_cast<int64_t>(groups) * p.n;

@@ -23,21 +23,28 @@ class Fp4Expansion {
   Fp4Expansion& operator=(const Fp4Expansion&) = delete;
   bool ready() const { return weights_ != nullptr; }
 
-  // [groups · p.n, K] E4M3, rows K bytes apart.
-  const void* weights() const { return weights_; }
-  // Byte UE8M0 scales fold (three gated paths); FP32 and packed scales do not (one E4M3 GEMM promoting every 32).
-  bool folded() const { return fold_; }
-  enum class Path { Tile, Row };
-  // The E4M3 GEMM's parameters: unfolded, p's own scales; folded, one scale per 128x128 tile or per row and 128 of
-  // K, gated on the scan's flags.
-  GemmParams e4m3_params(const GemmParams& p, Path path) const;
-  // Gates p (the FP4 kernel on the packed weights) to run only where some row block would not fold.
-  void gate_fp4(GemmParams& p) const;
+  // Enqueues the E4M3 GEMM on the expanded weights ([groups · p.n, K], rows K bytes apart) through
+  // gemm(weights, params). FP32 and packed scales do not fold: one launch with p's own scales (promotion every 32),
+  // and false (the call is done). Byte UE8M0 scales fold: the launch with one scale per 128x128 tile and the one with
+  // one scale per row and 128 of K, each gated on the scan's flags; p is gated to run only where some row block would
+  // not fold, and true says the caller still launches the FP4 kernel with it.
+  template <typename Gemm>
+  bool launch_e4m3(GemmParams& p, Gemm&& gemm) const {
+    gemm(static_cast<const void*>(weights_), e4m3_params(p, Path::Tile));
+    if (!fold_) return false;
+    gemm(static_cast<const void*>(weights_), e4m3_params(p, Path::Row));
+    gate_fp4(p);
+    return true;
+  }
 
  private:
+  enum class Path { Tile, Row };
+  GemmParams e4m3_params(const GemmParams& p, Path path) const;
+  void gate_fp4(GemmParams& p) const;
+
   cudaStream_t stream_;
   bool fold_ = false;
-  int blocks_ = 0, tiles_ = 0, groups_ = 1;
+  int blocks_ = 0, tiles_ = 0;
   uint8_t* weights_ = nullptr;
   float* row_scale_ = nullptr;
   float* tile_scale_ = nullptr;

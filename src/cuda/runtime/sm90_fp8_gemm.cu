@@ -240,13 +240,11 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     expanded.emplace(b, ldb, p, 1, nullptr, nullptr, stream);
     if (!expanded->ready()) expanded.reset();  // no memory for the scratch: the FP4 kernel as it is
   }
-  if (expanded) {
-    using Path = Fp4Expansion::Path;
-    if (!expanded->folded()) return launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Tile), stream);
-    launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Tile), stream);
-    launch_sm90_fp8_gemm(a, lda, expanded->weights(), p.k, expanded->e4m3_params(p, Path::Row), stream);
-    expanded->gate_fp4(p);  // the FP4 kernel below runs only where some row block would not fold
-  }
+  // With a fold, the FP4 kernel below runs too, gated to where some row block would not fold.
+  if (expanded && !expanded->launch_e4m3(p, [&](const void* w, const GemmParams& q) {
+        launch_sm90_fp8_gemm(a, lda, w, q.k, q, stream);
+      }))
+    return;
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (fp4_decode || fp8_decode) c.split_k = decode.split_k;
   // Programmatic dependent launch of the decode kernel and its split-K reduce (GemmParams::pdl): the kernel is resident

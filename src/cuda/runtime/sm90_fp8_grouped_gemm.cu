@@ -49,15 +49,11 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
     expanded.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream);
     if (!expanded->ready()) expanded.reset();  // no memory for the scratch: the FP4 kernel as it is
   }
-  if (expanded) {
-    using Path = Fp4Expansion::Path;
-    const void* w = expanded->weights();
-    if (!expanded->folded())
-      return launch_sm90_fp8_grouped_gemm(a, lda, w, p.k, layout, epilogue, expanded->e4m3_params(p, Path::Tile), stream);
-    launch_sm90_fp8_grouped_gemm(a, lda, w, p.k, layout, epilogue, expanded->e4m3_params(p, Path::Tile), stream);
-    launch_sm90_fp8_grouped_gemm(a, lda, w, p.k, layout, epilogue, expanded->e4m3_params(p, Path::Row), stream);
-    expanded->gate_fp4(p);  // the FP4 kernel below runs only where some row block would not fold
-  }
+  // With a fold, the FP4 kernel below runs too, gated to where some row block would not fold.
+  if (expanded && !expanded->launch_e4m3(p, [&](const void* w, const GemmParams& q) {
+        launch_sm90_fp8_grouped_gemm(a, lda, w, q.k, layout, epilogue, q, stream);
+      }))
+    return;
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int num_sms = num_sms_of_device(device);
