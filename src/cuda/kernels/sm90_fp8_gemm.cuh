@@ -212,7 +212,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   uint8_t* fold_area = scheduler_end + ((16u - (ptx::smem_addr(scheduler_end) & 15u)) & 15u);
   int* fold_flags = reinterpret_cast<int*>(fold_area);
 
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0 so that ptxas knows the value is warp-uniform (the consumers' descriptors and barrier
+  // addresses derived from it then stay in uniform registers).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int lane = threadIdx.x % 32;
   // The CTA's place in its cluster; its tiles are every (gridDim.x / kCluster)-th from its cluster's index.
   const uint32_t cta_rank = kCluster == 1 ? 0u : ptx::cluster_ctarank();
@@ -532,7 +534,22 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
     float acc[kNumAcc];
     float total[kPromote ? kNumTotal : 1];
-    uint32_t iter = 0;
+    // The ring position: stage and the parity of its current lap (running counters: no division in the loop).
+    int stage = 0;
+    uint32_t phase = 0;
+    auto advance = [&]() {
+      if (++stage == kNumStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    };
+    // Shared addresses and descriptor words computed once: in the loop a stage's descriptor is the base word plus a
+    // constant multiple of the stage (stop 22's profile of the 192x128 kernel: ~80 of a consumer warp's 179
+    // instructions per K block rebuilt the addresses from the generic pointers).
+    const uint32_t full_addr = ptx::smem_addr(full);
+    const uint32_t desc_a0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_a) + warpgroup * 64 * kGemmBlockK);
+    const uint32_t desc_b0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_b));
+    constexpr uint32_t kDescHi = ptx::kDescHiKMajorSw128;
     // Promotion of one wgmma chunk: total += a · sa · sb, with this thread's A scales (sa0, sa1) and the slice's B
     // scales sb in shared memory. Scale blocks of 8 or more columns are constant over a chunk: one read per chunk.
     auto promote = [&](const float(&a)[kNumAcc], float sa0, float sa1, const float* sb, float sb_uniform, int ch) {
@@ -577,9 +594,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       // NOTE: a separate loop without wgmma; predicating the wgmma inside the mainloop made the 128x256 gate_up
       // kernel spill 4956 bytes.
       if (kNumConsumers > 1 && !ordered && p.skip_idle && tile.m_row0 + warpgroup * 64 >= tile.m_end) {
-        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
-          const int stage = iter % kNumStages;
-          ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
+          ptx::mbar_wait_shared(full_addr + stage * 8, phase);
           __syncwarp();
           if (lane == 0) release(stage);
         }
@@ -618,12 +634,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         {
 #pragma unroll
           for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
-          for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
-            const int stage = iter % kNumStages;
+          for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
             // Wait for the stage's TMA loads and scales.
-            ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
-            const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
-            const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
+            ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+            const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
+            const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
             // kSlices promotion slices of this K block, each of 4 / kSlices wgmma k32 steps.
             auto mma_promote = [&](auto slices) {
               constexpr int kSlices = decltype(slices)::value;
@@ -637,9 +652,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                   ptx::wgmma_fence();
 #pragma unroll
                   for (int s = 0; s < kSteps; ++s) {
-                    const uint64_t advance = static_cast<uint64_t>((sub * kSteps * 32 + s * 32) >> 4);
-                    const uint64_t chunk_offset = static_cast<uint64_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
-                    Mma::mma(desc_a + advance, desc_b + chunk_offset + advance, acc, s > 0);
+                    const uint32_t chunk = static_cast<uint32_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
+                    const uint32_t k_off = static_cast<uint32_t>((sub * kSteps * 32 + s * 32) >> 4);
+                    Mma::mma(ptx::desc_from_words(desc_a + k_off, kDescHi),
+                             ptx::desc_from_words(desc_b + chunk + k_off, kDescHi), acc, s > 0);
                   }
                   ptx::wgmma_commit();
                   order_after_issue();
@@ -680,15 +696,16 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         int prev_stage = -1;
 #pragma unroll
         for (int i = 0; i < kNumAcc; ++i) acc[i] = 0.0f;
-        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
-          const int stage = iter % kNumStages;
-          ptx::mbar_wait(&full[stage], (iter / kNumStages) & 1);
-          const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * Smem::kStageA + warpgroup * 64 * kGemmBlockK);
-          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * Smem::kStageB);
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
+          ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+          const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
+          const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
           ptx::fence_operands(acc);
           ptx::wgmma_fence();
 #pragma unroll
-          for (int s = 0; s < kGemmBlockK / 32; ++s) Mma::mma(desc_a + (s * 32 >> 4), desc_b + (s * 32 >> 4), acc, true);
+          for (int s = 0; s < kGemmBlockK / 32; ++s)
+            Mma::mma(ptx::desc_from_words(desc_a + (s * 32 >> 4), kDescHi), ptx::desc_from_words(desc_b + (s * 32 >> 4), kDescHi),
+                     acc, true);
           ptx::wgmma_commit();
           ptx::wgmma_wait<1>();
           ptx::fence_operands(acc);

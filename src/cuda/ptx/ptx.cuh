@@ -112,6 +112,27 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 
 // Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024 B apart.
 // The tile base must be 1024-byte aligned; stepping along K adds bytes/16 to the low word.
+// The same descriptor in two 32-bit halves, for hot loops: the low word (start address, leading byte offset) of the
+// buffer at shared address `addr`, and the constant high word (stride byte offset, swizzle). A byte offset `off`
+// (a multiple of 16) within the buffer adds off >> 4 to the low word: shared addresses stay below 256 KB, so the
+// 14-bit start field never carries into the next field.
+__device__ __forceinline__ uint32_t desc_lo_k_major_sw128(uint32_t addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
+constexpr uint32_t kDescHiKMajorSw128 = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ uint64_t desc_from_words(uint32_t lo, uint32_t hi) {
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+// mbarrier parity wait on a barrier given by its shared address (no generic-to-shared conversion in the loop).
+__device__ __forceinline__ void mbar_wait_shared(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 __device__ __forceinline__ uint64_t make_desc_k_major_sw128(const void* smem_ptr) {
   const uint64_t addr = smem_addr(smem_ptr);
   uint64_t desc = (addr & 0x3FFFFull) >> 4;  // start address

@@ -141,6 +141,14 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   // at least 512 of K per split: each split costs M × N floats of partials.
   const int resident = prepare(c, device) * num_sms;
   int split = std::max(1, resident / (c.tiles * std::max(1, slots)));
+  // Dense E4M3 weights: two CTAs per SM beat the three that fit unless a split would then take more than 4096 of K
+  // (stop 22, graph replay, µs for split 3-per-SM → 2-per-SM: N = 4096 K = 7168 M = 1 13.8 → 12.8, M = 64 18.8 →
+  // 17.1; N = 2112 K = 7168 M = 64 14.2 → 12.2; N = 7168 K = 2048 M = 64 13.9 → 13.0; N = 7168 K = 16384 M = 64 kept
+  // at three per SM: 42.9 against 47.8 with two).
+  if (fp8_weights && slots == 0) {
+    const int two_per_sm = std::max(1, 2 * num_sms / c.tiles);
+    if (two_per_sm < split && ceil_div(num_kb, two_per_sm) <= 4096 / c.stage_k) split = two_per_sm;
+  }
   split = std::min(split, std::max(1, num_kb / (512 / c.stage_k)));
   if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_SPLIT"); forced && *forced) {
     const int v = std::atoi(forced);
