@@ -252,7 +252,21 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     if constexpr (kCluster > 1) ptx::mbar_arrive_cluster(&empty[stage], cta_rank ^ 1u);
   };
 
-  const int num_tiles = scheduler.num_tiles();
+  // Broadcast from lane 0: the grouped scheduler reads its tables from shared memory, and ptxas treats such loads as
+  // varying across the warp. A uniform tile loop lets the consumers keep the ring position and the descriptors in
+  // uniform registers (with varying ones the 128x256 gate_up kernel rebuilt them through R2UR at every wgmma and
+  // spilled in its K loop).
+  const int num_tiles = __shfl_sync(0xffffffffu, scheduler.num_tiles(), 0);
+  auto uniform_tile = [](TileInfo info) {
+    info.m_row0 = __shfl_sync(0xffffffffu, info.m_row0, 0);
+    info.m_end = __shfl_sync(0xffffffffu, info.m_end, 0);
+    info.n_block = __shfl_sync(0xffffffffu, info.n_block, 0);
+    info.group = __shfl_sync(0xffffffffu, info.group, 0);
+    info.split = __shfl_sync(0xffffffffu, info.split, 0);
+    info.kb_begin = __shfl_sync(0xffffffffu, info.kb_begin, 0);
+    info.kb_end = __shfl_sync(0xffffffffu, info.kb_end, 0);
+    return info;
+  };
 
   if (warpgroup == kNumConsumers) {
     // ---------------- Producer warpgroup: warp 0 issues TMA, warps 1..3 stage the promotion scales.
@@ -585,7 +599,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     };
 
     for (int t = tile_begin; t < num_tiles; t += tile_step) {
-      const TileInfo tile = tile_at(t);
+      const TileInfo tile = uniform_tile(tile_at(t));
       const int row0 = tile.m_row0 + row_in_tile;
       const int row1 = row0 + 8;
       // A warpgroup whose 64 rows all lie past the tile's end (an expert's last rows, M's last tile) only waits for
