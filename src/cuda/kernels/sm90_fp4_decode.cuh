@@ -307,9 +307,11 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   if constexpr (kGrouped) {
     const int slot = static_cast<int>(blockIdx.x) / split_k / tiles;
     if (slot >= *groups.list_count) return;  // the whole CTA, before any barrier
-    group = groups.list[slot];
-    row0 = groups.offsets[group];
-    rows = groups.offsets[group + 1] - row0;
+    // Broadcast from lane 0 (global loads look varying to ptxas): a uniform chunk loop keeps the ring position and
+    // descriptors in uniform registers.
+    group = __shfl_sync(0xffffffffu, groups.list[slot], 0);
+    row0 = __shfl_sync(0xffffffffu, groups.offsets[group], 0);
+    rows = __shfl_sync(0xffffffffu, groups.offsets[group + 1], 0) - row0;
   }
   const int chunks = kGrouped ? (rows + WN - 1) / WN : 1;
   const int w_row0 = group * p.n;  // the group's first row of B
@@ -489,7 +491,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   RingPosition<kStages> ring;
   // The descriptors of stage 0's tiles; stage s's start kStageX · s (kStageW · s) bytes on, in the 16-byte units of
   // the descriptor's address field (shared memory stays below 256 KB, so the field never carries).
-  const uint64_t desc_x0 = ptx::make_desc_k_major_sw128(smem_x);
+  // As 32-bit words (ptx::desc_lo_k_major_sw128): 64-bit descriptor adds went through R2UR before every wgmma.
+  const uint32_t desc_x0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_x));
+  const uint32_t full_addr = ptx::smem_addr(full);
+  constexpr uint32_t kDescHi = ptx::kDescHiKMajorSw128;
   for (int c = 0; c < chunks; ++c) {
     const int i_begin = c * kb_count, i_end = i_begin + kb_count;
     float total[kAcc];
@@ -521,7 +526,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
     };
 
     if constexpr (kFp8W) {
-      const uint64_t desc_w0 = ptx::make_desc_k_major_sw128(smem_w + wg * 64 * kGemmBlockK);
+      const uint32_t desc_w0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_w + wg * 64 * kGemmBlockK));
       for (int i = i_begin; i < i_end; ++i, ring.advance()) {
         const int stage = ring.stage;
         const int kb = kb_begin + i - i_begin;
@@ -531,14 +536,16 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
         // output is never stored.
         const float w_scale = load_b_scale(p, group, min(n0 + 64 * wg, p.n - 1) / p.b_block_n,
                                            min(kb * kGemmBlockK / p.b_block_k, p.b_scale_cols - 1));
-        ptx::mbar_wait(&full[stage], ring.phase);
+        ptx::mbar_wait_shared(full_addr + stage * 8, ring.phase);
         // One wgmma per step over the warpgroup's 64 rows: A (weights) and B (tokens) both from shared memory.
-        const uint64_t desc_w = desc_w0 + static_cast<uint32_t>(stage * (Smem::kStageW >> 4));
-        const uint64_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
+        const uint32_t desc_w = desc_w0 + static_cast<uint32_t>(stage * (Smem::kStageW >> 4));
+        const uint32_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
         float acc[kAcc];
         ptx::wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 4; ++s) MmaSmem::mma(desc_w + (s * 32 >> 4), desc_x + (s * 32 >> 4), acc, s > 0);
+        for (int s = 0; s < 4; ++s)
+          MmaSmem::mma(ptx::desc_from_words(desc_w + (s * 32 >> 4), kDescHi), ptx::desc_from_words(desc_x + (s * 32 >> 4), kDescHi),
+                       acc, s > 0);
         ptx::wgmma_commit();
         // The tokens' scales of this stage (one per token over its 128 of K) into registers before the release.
         const float* xs = smem_xs + stage * kSteps * WN;
@@ -579,15 +586,15 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
       const uint2 plain_tab = fold_tab[0];
       for (int i = i_begin; i < i_end; ++i, ring.advance()) {
         const int stage = ring.stage;
-        ptx::mbar_wait(&full[stage], ring.phase);
+        ptx::mbar_wait_shared(full_addr + stage * 8, ring.phase);
         const uint8_t* wt = smem_w + stage * Smem::kStageW;
         const uint8_t* fold_area = smem_fold + stage * Smem::kStageFold;
         const float* rs = smem_rs + stage * kBlocks * kFp4DecodeRows;
         const uint32_t* flags = smem_flags + stage * 4;
         const float* xs = smem_xs + stage * kSteps * WN;
-        const uint64_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
+        const uint32_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
         auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
-          return desc_x + static_cast<uint32_t>(((s / 4) * WN * kGemmBlockK + (s % 4) * 32) >> 4);
+          return ptx::desc_from_words(desc_x + static_cast<uint32_t>(((s / 4) * WN * kGemmBlockK + (s % 4) * 32) >> 4), kDescHi);
         };
 #pragma unroll
         for (int q = 0; q < kBlocks; ++q) {
