@@ -110,12 +110,12 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024 B apart.
-// The tile base must be 1024-byte aligned; stepping along K adds bytes/16 to the low word.
-// The same descriptor in two 32-bit halves, for hot loops: the low word (start address, leading byte offset) of the
-// buffer at shared address `addr`, and the constant high word (stride byte offset, swizzle). A byte offset `off`
-// (a multiple of 16) within the buffer adds off >> 4 to the low word: shared addresses stay below 256 KB, so the
-// 14-bit start field never carries into the next field.
+// Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024 B apart;
+// the tile base must be 1024-byte aligned. Built in two 32-bit halves for hot loops: the low word (start address
+// >> 4, leading byte offset 1, unused for swizzled K-major) of the buffer at shared address `addr`, and the constant
+// high word (stride byte offset 1024 >> 4, 128B swizzle in bit 62). A byte offset `off` (a multiple of 16) within
+// the buffer adds off >> 4 to the low word: shared addresses stay below 256 KB, so the 14-bit start field never
+// carries into the next field.
 __device__ __forceinline__ uint32_t desc_lo_k_major_sw128(uint32_t addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
 constexpr uint32_t kDescHiKMajorSw128 = (1024u >> 4) | (1u << 30);
 __device__ __forceinline__ uint64_t desc_from_words(uint32_t lo, uint32_t hi) {
@@ -131,15 +131,6 @@ __device__ __forceinline__ void mbar_wait_shared(uint32_t bar, uint32_t parity) 
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
-}
-
-__device__ __forceinline__ uint64_t make_desc_k_major_sw128(const void* smem_ptr) {
-  const uint64_t addr = smem_addr(smem_ptr);
-  uint64_t desc = (addr & 0x3FFFFull) >> 4;  // start address
-  desc |= 1ull << 16;                        // leading byte offset (unused for swizzled K-major)
-  desc |= (1024ull >> 4) << 32;              // stride byte offset: next 8-row group
-  desc |= 1ull << 62;                        // 128B swizzle
-  return desc;
 }
 
 // ---- named barriers (0 is __syncthreads): `kThreads` arrive, a multiple of 32; arrive does not wait.
