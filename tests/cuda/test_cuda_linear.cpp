@@ -265,6 +265,34 @@ TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// Two accumulator sets (FINEGEMM_GEMM_DOUBLE_ACC=1, 128x64 and 128x128 tiles with 128-wide promotion): the next K
+// block's wgmma runs while the previous block is promoted. The same FMAs in the same order as one set, so the same
+// bits, and both against the reference. K = 1152 (nine K blocks: two runs of four and a single one), K = 1536 (three
+// runs) and K = 8192 (many laps of the stage ring; per-channel scales take the promoting kernel past K = 4096); 64-row
+// B scale blocks change the scale inside a 128-wide tile; split-K and the 2-CTA cluster run it too.
+TEST_F(CudaTest, DoubleAccumulatorsSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[5], recipes[7], recipes[9]};
+  for (const char* config : {"128x128:1", "128x64:1", "128x128:3", "128x128:1c2"}) {
+    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+    for (const auto& recipe : kinds) {
+      for (int64_t k : {1152, 1536, 8192}) {
+        if (k == 8192 && recipe.name != recipes[0].name && recipe.name != recipes[9].name) continue;
+        const int64_t m = 300, n = 1000;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, true);
+        const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_DOUBLE_ACC", c.args);
+        EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " K=" << k;
+        if (k == 8192) continue;  // NOTE: the CPU reference at K = 8192 is slow; the same bits as the checked path
+        const Buffer ref = run_reference(c.args, DType::F32, m, n);
+        const auto cmp = testing::compare(runs.on, ref);
+        EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " K=" << k;
+        EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " K=" << k;
+      }
+    }
+  }
+  unsetenv("FINEGEMM_GEMM_CONFIG");
+}
+
 // The lean Store epilogue (on by default; FINEGEMM_GEMM_LEAN_EPILOGUE=0 turns it off): outputs without column scale
 // or bias take a loop per dtype without the per-element switches; same arithmetic, so the same bits. Cases that keep
 // the general loop (bias, the per-channel recipe's column scales) are compared too, and the default run is checked

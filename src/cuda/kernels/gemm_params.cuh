@@ -38,6 +38,9 @@ struct GemmParams {
   bool lean_epilogue = true;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
+  // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while
+  // the previous one is promoted (sm90_fp8_gemm.cuh). FINEGEMM_GEMM_DOUBLE_ACC=1 turns it on (off until measured).
+  bool double_acc = false;
   // FP4 B: the loader warps expand four items per lane per round, all loads before any store
   // (FINEGEMM_FP4_BATCHED_EXPAND=1; off until run on the H200).
   bool fp4_batched_expand = false;

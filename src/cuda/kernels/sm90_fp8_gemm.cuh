@@ -548,6 +548,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 
     float acc[kNumAcc];
     float total[kPromote ? kNumTotal : 1];
+    // Double accumulators (p.double_acc, kDoubleAcc kernels): the wgmma of K block kb + 1 runs into the second set
+    // while kb's result is promoted, so that a warpgroup always has a wgmma group in flight. Two consumer warpgroups
+    // at 224 registers hold the 64-register total and two 64-register accumulators of a 128-wide tile.
+    constexpr bool kDoubleAcc = kPromoteK == 128 && kNumConsumers == 2 && kNChunks == 1 && BLOCK_N <= 128 && !kFp4B;
+    float acc2[kDoubleAcc ? kNumAcc : 1];
     // The ring position: stage and the parity of its current lap (running counters: no division in the loop).
     int stage = 0;
     uint32_t phase = 0;
@@ -584,7 +589,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     // issue together, finish together and promote together, leaving the tensor cores idle meanwhile.
     // NOTE: not for 256-wide tiles: its two registers made the 128x256 gate_up kernel (128 + 64 accumulators)
     // spill 32 bytes.
-    const bool ordered = kNumConsumers == 2 && BLOCK_N <= 192 && p.pingpong;
+    const bool double_acc = kDoubleAcc && p.double_acc;
+    const bool ordered = kNumConsumers == 2 && BLOCK_N <= 192 && p.pingpong && !double_acc;
     bool issued_before = false;  // warpgroup 0: a group of warpgroup 1 is pending on barrier 2
     auto order_before_issue = [&]() {
       if (!ordered) return;
@@ -645,9 +651,73 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       const float rs1 = load_vec(p.row_mode, row_scale, scale_row1);
 
       if constexpr (kPromote) {
-        {
 #pragma unroll
-          for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
+        for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
+        if constexpr (kDoubleAcc) {
+          if (double_acc) {
+            // The four k32 steps of the stage's K block into accumulator set `a`, as one committed group.
+            auto issue = [&](float(&a)[kNumAcc], int st) {
+              const uint32_t desc_a = desc_a0 + st * (Smem::kStageA >> 4);
+              const uint32_t desc_b = desc_b0 + st * (Smem::kStageB >> 4);
+              ptx::fence_operands(a);
+              ptx::wgmma_fence();
+#pragma unroll
+              for (int s = 0; s < kGemmBlockK / 32; ++s)
+                Mma::mma(ptx::desc_from_words(desc_a + (s * 32 >> 4), kDescHi),
+                         ptx::desc_from_words(desc_b + (s * 32 >> 4), kDescHi), a, s > 0);
+              ptx::wgmma_commit();
+            };
+            // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
+            // issued after it may still run. Then release the stage.
+            auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
+              const float* sa = stage_scales_a(st, 0);
+              const float* sb = stage_scales_b(st, 0);
+              const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
+              const float s_lo = sb[0];
+              const float s_hi = b_split == 8 ? sb[64] : (b_split == 16 ? sb[128] : s_lo);
+              const float lo0 = sa0 * s_lo, lo1 = sa1 * s_lo, hi0 = sa0 * s_hi, hi1 = sa1 * s_hi;
+              if (pending) ptx::wgmma_wait<1>();
+              else ptx::wgmma_wait<0>();
+              ptx::fence_operands(a);
+              if (b_split == kSplitNone) {
+                promote_split<kSplitNone, WGMMA_N>(total, a, lo0, lo1, lo0, lo1, 0);
+              } else if (b_split == 8) {
+                promote_split<8, WGMMA_N>(total, a, lo0, lo1, hi0, hi1, 0);
+              } else if (b_split == 16) {
+                promote_split<16, WGMMA_N>(total, a, lo0, lo1, hi0, hi1, 0);
+              } else {
+                promote(a, sa0, sa1, sb, s_lo, 0);
+              }
+              __syncwarp();
+              if (lane == 0) release(st);
+            };
+            // K blocks in runs of four, alternating the sets: every block's wgmma but the run's last is issued
+            // before the previous block is promoted. Then single blocks, promoted after their own wgmma.
+            // NOTE: no wgmma group may stay pending across a loop's back edge, nor behind a branch: ptxas (CUDA 13.0)
+            // then serializes every wgmma of the kernel (C7514: a running set stayed pending into the next
+            // iteration, or its issue was conditional).
+            auto wait_issue = [&](float(&a)[kNumAcc]) {
+              ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+              const int st = stage;
+              issue(a, st);
+              advance();
+              return st;
+            };
+            int kb = tile.kb_begin;
+            for (; kb + 3 < tile.kb_end; kb += 4) {
+              const int s0 = wait_issue(acc);
+              const int s1 = wait_issue(acc2);
+              finish(acc, s0, true);
+              const int s2 = wait_issue(acc);
+              finish(acc2, s1, true);
+              const int s3 = wait_issue(acc2);
+              finish(acc, s2, true);
+              finish(acc2, s3, false);
+            }
+            for (; kb < tile.kb_end; ++kb) finish(acc, wait_issue(acc), false);
+          }
+        }
+        if (!double_acc) {
           for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
             // Wait for the stage's TMA loads and scales.
             ptx::mbar_wait_shared(full_addr + stage * 8, phase);

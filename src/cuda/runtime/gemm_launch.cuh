@@ -110,12 +110,15 @@ inline bool fp4_fold(const GemmParams& p) {
 //   766 TFLOP/s, N=4096 K=7168 623 vs 589 on the H200 (gpu-check bench-accum, 48fe691).
 // - lean_epilogue (on; FINEGEMM_GEMM_LEAN_EPILOGUE=0): measured faster on the H200, same bits.
 // - skip_idle (on; FINEGEMM_GEMM_SKIP_IDLE=0): warpgroups with no rows in a tile skip its wgmma.
+// - double_acc (off; FINEGEMM_GEMM_DOUBLE_ACC=1): two accumulator sets in 128x64 / 128x128 tiles with 128-wide
+//   promotion, the next K block's wgmma overlapping the promotion.
 // - fp4_batched_expand (off until run on the H200; FINEGEMM_FP4_BATCHED_EXPAND=1).
 inline void apply_env_switches(GemmParams& p) {
   p.pingpong = env_switch("FINEGEMM_GEMM_PINGPONG", true);
   p.chunk_scales = env_switch("FINEGEMM_GEMM_CHUNK_SCALES", true);
   p.lean_epilogue = env_switch("FINEGEMM_GEMM_LEAN_EPILOGUE", true);
   p.skip_idle = env_switch("FINEGEMM_GEMM_SKIP_IDLE", true);
+  p.double_acc = env_switch("FINEGEMM_GEMM_DOUBLE_ACC", false);
   p.fp4_batched_expand = env_switch("FINEGEMM_FP4_BATCHED_EXPAND", false);
 }
 
