@@ -267,14 +267,18 @@ TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
 
 // Two accumulator sets (FINEGEMM_GEMM_DOUBLE_ACC=1, 128x64 and 128x128 tiles with 128-wide promotion): the next K
 // block's wgmma runs while the previous block is promoted. The same FMAs in the same order as one set, so the same
-// bits, and both against the reference. K = 1152 (nine K blocks: two runs of four and a single one), K = 1536 (three
-// runs) and K = 8192 (many laps of the stage ring; per-channel scales take the promoting kernel past K = 4096); 64-row
-// B scale blocks change the scale inside a 128-wide tile; split-K and the 2-CTA cluster run it too.
+// bits, and both against the reference. K = 1152 (nine K blocks: runs of four, or one of eight, and a single one),
+// K = 1536 (runs of four; of eight and four) and K = 8192 (many laps of the stage ring; per-channel scales take the
+// promoting kernel past K = 4096); 64-row B scale blocks change the scale inside a 128-wide tile; split-K and the
+// 2-CTA cluster run it too; FINEGEMM_GEMM_DOUBLE_RUN=8 takes runs of eight.
 TEST_F(CudaTest, DoubleAccumulatorsSameBits) {
   const auto recipes = all_recipes();
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[5], recipes[7], recipes[9]};
-  for (const char* config : {"128x128:1", "128x64:1", "128x128:3", "128x128:1c2"}) {
-    setenv("FINEGEMM_GEMM_CONFIG", config, 1);
+  for (const char* config : {"128x128:1", "128x64:1", "128x128:3", "128x128:1c2", "128x128:1/run8", "128x128:2/run8"}) {
+    const std::string cfg(config);
+    const bool run8 = cfg.find("/run8") != std::string::npos;
+    setenv("FINEGEMM_GEMM_CONFIG", cfg.substr(0, cfg.find('/')).c_str(), 1);
+    const testing::ScopedEnv run_length("FINEGEMM_GEMM_DOUBLE_RUN", run8 ? "8" : "");
     for (const auto& recipe : kinds) {
       for (int64_t k : {1152, 1536, 8192}) {
         if (k == 8192 && recipe.name != recipes[0].name && recipe.name != recipes[9].name) continue;

@@ -39,8 +39,11 @@ struct GemmParams {
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while
-  // the previous one is promoted (sm90_fp8_gemm.cuh). FINEGEMM_GEMM_DOUBLE_ACC=1 turns it on (off until measured).
-  bool double_acc = false;
+  // the previous one is promoted (sm90_fp8_gemm.cuh). On (FINEGEMM_GEMM_DOUBLE_ACC=0 turns it off); dense 128x64
+  // tiles take it only with FINEGEMM_GEMM_DOUBLE_ACC=1 (gemm_launch.cuh has the measurements).
+  bool double_acc = true;
+  // Its K blocks in runs of 8 (FINEGEMM_GEMM_DOUBLE_RUN=8: one block in eight promoted without a wgmma running) or 4.
+  int double_acc_run = 4;
   // FP4 B: the loader warps expand four items per lane per round, all loads before any store
   // (FINEGEMM_FP4_BATCHED_EXPAND=1; off until run on the H200).
   bool fp4_batched_expand = false;

@@ -691,8 +691,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
               __syncwarp();
               if (lane == 0) release(st);
             };
-            // K blocks in runs of four, alternating the sets: every block's wgmma but the run's last is issued
-            // before the previous block is promoted. Then single blocks, promoted after their own wgmma.
+            // K blocks in runs of eight (p.double_acc_run == 8) and four, alternating the sets: every block's wgmma
+            // but the run's last is issued before the previous block is promoted. Then single blocks, promoted after
+            // their own wgmma.
             // NOTE: no wgmma group may stay pending across a loop's back edge, nor behind a branch: ptxas (CUDA 13.0)
             // then serializes every wgmma of the kernel (C7514: a running set stayed pending into the next
             // iteration, or its issue was conditional).
@@ -704,16 +705,25 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
               return st;
             };
             int kb = tile.kb_begin;
-            for (; kb + 3 < tile.kb_end; kb += 4) {
-              const int s0 = wait_issue(acc);
-              const int s1 = wait_issue(acc2);
-              finish(acc, s0, true);
-              const int s2 = wait_issue(acc);
-              finish(acc2, s1, true);
-              const int s3 = wait_issue(acc2);
-              finish(acc, s2, true);
-              finish(acc2, s3, false);
-            }
+            // Runs of R K blocks (R even, the inner loop fully unrolled: straight-line code for ptxas).
+            auto runs = [&](auto r) {
+              constexpr int R = decltype(r)::value;
+              for (; kb + R - 1 < tile.kb_end; kb += R) {
+                int s_even = wait_issue(acc), s_odd = 0;
+#pragma unroll
+                for (int j = 0; j < R / 2 - 1; ++j) {
+                  s_odd = wait_issue(acc2);
+                  finish(acc, s_even, true);
+                  s_even = wait_issue(acc);
+                  finish(acc2, s_odd, true);
+                }
+                s_odd = wait_issue(acc2);
+                finish(acc, s_even, true);
+                finish(acc2, s_odd, false);
+              }
+            };
+            if (p.double_acc_run == 8) runs(std::integral_constant<int, 8>{});
+            runs(std::integral_constant<int, 4>{});
             for (; kb < tile.kb_end; ++kb) finish(acc, wait_issue(acc), false);
           }
         }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
@@ -110,15 +111,20 @@ inline bool fp4_fold(const GemmParams& p) {
 //   766 TFLOP/s, N=4096 K=7168 623 vs 589 on the H200 (gpu-check bench-accum, 48fe691).
 // - lean_epilogue (on; FINEGEMM_GEMM_LEAN_EPILOGUE=0): measured faster on the H200, same bits.
 // - skip_idle (on; FINEGEMM_GEMM_SKIP_IDLE=0): warpgroups with no rows in a tile skip its wgmma.
-// - double_acc (off; FINEGEMM_GEMM_DOUBLE_ACC=1): two accumulator sets in 128x64 / 128x128 tiles with 128-wide
-//   promotion, the next K block's wgmma overlapping the promotion.
+// - double_acc (on; FINEGEMM_GEMM_DOUBLE_ACC=0): two accumulator sets in 128x128 tiles with 128-wide promotion, the
+//   next K block's wgmma overlapping the promotion (dense 128x64 tiles only with FINEGEMM_GEMM_DOUBLE_ACC=1).
+//   Measured on the H200 (stop 23, 128x128, one set -> two, TFLOP/s at M = 4096): N=7168 K=16384 955 -> 979/994,
+//   N=4096 K=7168 860 -> 923/908, N=24576 K=1536 696 -> 759, N=2112 K=7168 698 -> 740, N=7168 K=2048 662 -> 707;
+//   M=512 N=7168 K=16384 749 -> 788; the MoE down GEMM (DeepSeek-V3, T=4096) 1823 -> 1698 us. 128x64: M=4096
+//   N=2112 K=7168 628 -> 664, M=512 569 -> 575, M=128 575 -> 569.
 // - fp4_batched_expand (off until run on the H200; FINEGEMM_FP4_BATCHED_EXPAND=1).
 inline void apply_env_switches(GemmParams& p) {
   p.pingpong = env_switch("FINEGEMM_GEMM_PINGPONG", true);
   p.chunk_scales = env_switch("FINEGEMM_GEMM_CHUNK_SCALES", true);
   p.lean_epilogue = env_switch("FINEGEMM_GEMM_LEAN_EPILOGUE", true);
   p.skip_idle = env_switch("FINEGEMM_GEMM_SKIP_IDLE", true);
-  p.double_acc = env_switch("FINEGEMM_GEMM_DOUBLE_ACC", false);
+  p.double_acc = env_switch("FINEGEMM_GEMM_DOUBLE_ACC", true);
+  if (const char* run = std::getenv("FINEGEMM_GEMM_DOUBLE_RUN"); run && std::strcmp(run, "8") == 0) p.double_acc_run = 8;
   p.fp4_batched_expand = env_switch("FINEGEMM_FP4_BATCHED_EXPAND", false);
 }
 

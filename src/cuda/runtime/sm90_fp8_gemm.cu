@@ -141,7 +141,12 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
       int bm, bn;
       double efficiency;
     };
-    for (const Shape t : {Shape{128, 64, 0.69}, Shape{128, 128, 1.0}, Shape{128, 192, 0.85}, Shape{192, 128, 1.15}}) {
+    // NOTE: 128x128 with 128-wide promotion runs two accumulator sets (GemmParams::double_acc), measured 2-9% faster
+    // than one (stop 23): 1.05 picks it where it measured faster than 192x128 (M=4096 N=4096 K=7168 923/908 vs
+    // 882/893 TFLOP/s, M=512) and keeps 192x128 where that stayed ahead (N=7168 K=16384 998/1009 vs 979/994,
+    // N=24576 K=1536, N=2112 K=7168, N=7168 K=2048).
+    const double e128 = promote_k == 128 ? 1.05 : 1.0;
+    for (const Shape t : {Shape{128, 64, 0.69}, Shape{128, 128, e128}, Shape{128, 192, 0.85}, Shape{192, 128, 1.15}}) {
       if (t.bn == 192 && promote_k == 32) continue;  // NOTE: 128x192 with 32-wide promotion spilled registers
       if (t.bm == 192 && promote_k != 128) continue;
       const int tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
@@ -247,6 +252,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     return;
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (fp4_decode || fp8_decode) c.split_k = decode.split_k;
+  // Double accumulators: 128x128 tiles by default; 128x64 ones only when asked for (mixed results, gemm_launch.cuh).
+  if (c.block_n == 64) p.double_acc = p.double_acc && std::getenv("FINEGEMM_GEMM_DOUBLE_ACC") != nullptr;
   // Programmatic dependent launch of the decode kernel and its split-K reduce (GemmParams::pdl): the kernel is resident
   // and requests its first weight tiles before the kernel ahead of it (the activation quantization, or the previous
   // call) completes. On for E4M3 weights: H200 graph replay, M = 1, FINEGEMM_PDL=0 vs 1: N = 24576 K = 1536 13.65 vs
