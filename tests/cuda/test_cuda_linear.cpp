@@ -199,10 +199,11 @@ TEST_F(CudaTest, EveryTileConfig) {
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[8], recipes[9], recipes[1]};  // block128, 32x32, channel, ue8m0
   // "c2": 2-CTA clusters sharing B (TMA multicast); M = 1 and 200 leave the second CTA of a pair with no or some
   // rows, M = 700 gives several pairs with a partial last one.
-  // "192x128": three consumer warpgroups; M = 200 and 700 leave the last tile with 8 and 124 rows.
+  // "192x128": three consumer warpgroups; M = 200 and 700 leave the last tile with 8 and 124 rows ("192x128:1c2":
+  // pairs of 384 rows, the second CTA of a pair with no rows at M = 1, 8 at M = 200 and 124 at M = 700).
   for (const char* config : {"64x64:1", "64x128:3", "128x64:1", "128x128:2", "128x192:1", "128x192:4", "64x64:5",
                              "128x256:1", "128x256:3", "128x128:1c2", "128x192:1c2", "128x192:3c2", "128x256:1c2",
-                             "192x128:1", "192x128:3"}) {
+                             "192x128:1", "192x128:3", "192x128:1c2"}) {
     setenv("FINEGEMM_GEMM_CONFIG", config, 1);
     const bool cluster = std::string(config).find('c') != std::string::npos;
     const bool wide = std::string(config).find("x256") != std::string::npos;

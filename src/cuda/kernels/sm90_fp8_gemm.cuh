@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                          const GemmParams p, const Scheduler scheduler_arg) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 192, "BLOCK_M: one to three consumer warpgroups of 64 rows");
-  static_assert(BLOCK_M != 192 || (BLOCK_N <= 128 && kPromoteK != 32 && !kFp4B && kCluster == 1),
+  static_assert(BLOCK_M != 192 || (BLOCK_N <= 128 && kPromoteK != 32 && !kFp4B),
                 "192-row tiles: three consumer warpgroups at 152 registers, up to 128 wide, E4M3, no 32-wide promotion");
   static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16, at most 256");
   static_assert(kPromoteK == 0 || kPromoteK == 32 || kPromoteK == 64 || kPromoteK == 128, "kPromoteK: 0, 32, 64, 128");

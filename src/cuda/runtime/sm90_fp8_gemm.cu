@@ -52,12 +52,14 @@ float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
 template <int kPromoteK>
 void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
                     const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, const NormalScheduler<192>& s192,
-                    const NormalScheduler<256>& s256, cudaStream_t stream) {
+                    const NormalScheduler<256>& s256, const NormalScheduler<384>& s384, cudaStream_t stream) {
   constexpr auto kStore = Epilogue::Store;
   using S256 = NormalScheduler<256>;
   if (c.cluster == 2) {
-    // 2-CTA clusters: the scheduler hands out pairs of 128-row tiles (256 rows); B is multicast.
+    // 2-CTA clusters: the scheduler hands out pairs of 128- or 192-row tiles (256 or 384 rows); B is multicast.
     if constexpr (kPromoteK != 32) {
+      if (c.block_m == 192 && c.block_n == 128)
+        return launch_kernel<192, 128, 5, kPromoteK, kStore, NormalScheduler<384>, false, 2>(a, b, p, s384, c.grid, stream);
       if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
       if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
       if (c.block_m == 128 && c.block_n == 256) return launch_kernel<128, 256, 4, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
@@ -172,12 +174,12 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
     int bm = 0, bn = 0, split = 0, cluster = 1;
     const int got = std::sscanf(forced, "%dx%d:%dc%d", &bm, &bn, &split, &cluster);
     const bool valid = got >= 2 && (bm == 64 || bm == 128 || bm == 192) && (bn == 64 || bn == 128 || bn == 192 || bn == 256) &&
-                       (bn != 256 || (bm == 128 && promote_k != 32)) && (bm != 192 || (bn == 128 && promote_k != 32 && cluster == 1)) &&
-                       (cluster == 1 || (cluster == 2 && bm == 128 && bn >= 128 && promote_k != 32));
+                       (bn != 256 || (bm == 128 && promote_k != 32)) && (bm != 192 || (bn == 128 && promote_k != 32)) &&
+                       (cluster == 1 || (cluster == 2 && (bm == 128 || (bm == 192 && bn == 128)) && bn >= 128 && promote_k != 32));
     if (!valid)
       throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128, 192}, BN in {64, 128, "
-                              "192, 256} (256: BM 128, no 32-wide promotion; BM 192: BN 128, no 32-wide promotion, no "
-                              "cluster; c2: 2-CTA clusters, BM 128, BN >= 128, no 32-wide promotion), got '") +
+                              "192, 256} (256: BM 128, no 32-wide promotion; BM 192: BN 128, no 32-wide promotion; c2: 2-CTA "
+                              "clusters, BM 128 with BN >= 128 or 192x128, no 32-wide promotion), got '") +
                   forced + "'");
     c.block_m = bm;
     c.block_n = bn;
@@ -278,6 +280,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const auto s128 = normal_scheduler<128>(p, c);
   const auto s192 = normal_scheduler<192>(p, c);
   const auto s256 = normal_scheduler<256>(p, c);
+  const auto s384 = normal_scheduler<384>(p, c);
 
   // A stream-ordered workspace (under graph capture) is freed on the stream whatever happens below.
   struct OwnedWorkspace {
@@ -302,9 +305,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // (group 32, block 32x32, MX 1x32) promote every 32.
   if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
-  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
-  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
-  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, stream);
+  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, stream);
+  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, stream);
+  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, stream);
   if (p.workspace) launch_splitk_reduce(p, c.split_k, stream);
 }
 
