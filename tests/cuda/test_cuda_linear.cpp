@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cuda/runtime/gemm_args.hpp"
+#include "cuda/runtime/sm90_fp8_gemm.hpp"
 #include "core/device_buffer.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "testing.hpp"
@@ -201,9 +202,10 @@ TEST_F(CudaTest, EveryTileConfig) {
   // rows, M = 700 gives several pairs with a partial last one.
   // "192x128": three consumer warpgroups; M = 200 and 700 leave the last tile with 8 and 124 rows ("192x128:1c2":
   // pairs of 384 rows, the second CTA of a pair with no rows at M = 1, 8 at M = 200 and 124 at M = 700).
+  // "c2a": pairs of adjacent column blocks sharing A (N = 400: four blocks of 128, the last with 16 columns).
   for (const char* config : {"64x64:1", "64x128:3", "128x64:1", "128x128:2", "128x192:1", "128x192:4", "64x64:5",
                              "128x256:1", "128x256:3", "128x128:1c2", "128x192:1c2", "128x192:3c2", "128x256:1c2",
-                             "192x128:1", "192x128:3", "192x128:1c2"}) {
+                             "192x128:1", "192x128:3", "192x128:1c2", "128x128:1c2a", "128x128:3c2a", "192x128:1c2a"}) {
     setenv("FINEGEMM_GEMM_CONFIG", config, 1);
     const bool cluster = std::string(config).find('c') != std::string::npos;
     const bool wide = std::string(config).find("x256") != std::string::npos;
@@ -275,7 +277,7 @@ TEST_F(CudaTest, PingpongWarpgroupsAndScaleSplits) {
 TEST_F(CudaTest, DoubleAccumulatorsSameBits) {
   const auto recipes = all_recipes();
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[5], recipes[7], recipes[9]};
-  for (const char* config : {"128x128:1", "128x64:1", "128x128:3", "128x128:1c2", "128x128:1/run8", "128x128:2/run8"}) {
+  for (const char* config : {"128x128:1", "128x64:1", "128x128:3", "128x128:1c2", "128x128:1c2a", "128x128:1/run8", "128x128:2/run8"}) {
     const std::string cfg(config);
     const bool run8 = cfg.find("/run8") != std::string::npos;
     setenv("FINEGEMM_GEMM_CONFIG", cfg.substr(0, cfg.find('/')).c_str(), 1);
@@ -296,6 +298,70 @@ TEST_F(CudaTest, DoubleAccumulatorsSameBits) {
     }
   }
   unsetenv("FINEGEMM_GEMM_CONFIG");
+}
+
+// The tile config choice is host code (no GPU needed): the heuristic's picks at the bar shapes, forced configs with
+// shared-A pairs (the grid counts column-block pairs), and clear errors for configs that have no kernel.
+TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
+  {
+    const ScopedEnv unset("FINEGEMM_GEMM_CONFIG", "");
+    unsetenv("FINEGEMM_GEMM_CONFIG");
+    const auto big = cuda::choose_gemm_config(4096, 7168, 16384, 128, 132);
+    EXPECT_EQ(big.block_m, 192);
+    EXPECT_EQ(big.block_n, 128);
+    const auto square = cuda::choose_gemm_config(4096, 4096, 7168, 128, 132);  // two accumulator sets win here
+    EXPECT_EQ(square.block_m, 128);
+    EXPECT_EQ(square.block_n, 128);
+    EXPECT_EQ(square.cluster, 1);
+    EXPECT_FALSE(square.share_a);
+  }
+  {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "192x128:1c2a");
+    const auto c = cuda::choose_gemm_config(4096, 7168, 16384, 128, 132);
+    EXPECT_EQ(c.block_m, 192);
+    EXPECT_EQ(c.block_n, 128);
+    EXPECT_EQ(c.cluster, 2);
+    EXPECT_TRUE(c.share_a);
+    EXPECT_EQ(c.grid, 66);  // 22 x 28 tile pairs, at most one cluster per SM pair
+    const auto small = cuda::choose_gemm_config(500, 300, 1152, 128, 132);
+    EXPECT_EQ(small.grid, 3 * 2);  // 3 row blocks of 192 x 2 pairs of 128-wide column blocks (the last pair half past N)
+  }
+  {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "128x128:1c2");
+    const auto c = cuda::choose_gemm_config(500, 300, 1152, 128, 132);
+    EXPECT_FALSE(c.share_a);
+    EXPECT_EQ(c.grid, 2 * 3);  // 2 row-block pairs of 256 x 3 column blocks
+  }
+  for (const char* bad : {"128x64:1c2a", "128x128:1c2x", "64x128:1c2", "128x256:1c2a", "96x128"}) {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", bad);
+    try {
+      (void)cuda::choose_gemm_config(4096, 4096, 7168, 128, 132);
+      ADD_FAILURE() << bad << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FINEGEMM_GEMM_CONFIG"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
+// 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of
+// A into both. N = 300 gives three 128-wide column blocks, so the second CTA of the last pair has no columns at all
+// (its B rows lie past N: zero-filled loads, nothing stored); M = 500 leaves a partial row block; K = 1152 (nine K
+// blocks) and a 64-row B scale block recipe. Checked against the reference, with the output poisoned.
+TEST_F(CudaTest, SharedATilesPastN) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7]};
+  for (const char* config : {"128x128:1c2a", "192x128:1c2a", "128x128:2c2a"}) {
+    const ScopedEnv scope("FINEGEMM_GEMM_CONFIG", config);
+    for (const auto& recipe : kinds) {
+      const int64_t m = 500, n = 300, k = 1152;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
+      const Buffer ref = run_reference(c.args, DType::BF16, m, n);
+      const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+      EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name;
+      EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name;
+    }
+  }
 }
 
 // The lean Store epilogue (on by default; FINEGEMM_GEMM_LEAN_EPILOGUE=0 turns it off): outputs without column scale

@@ -153,8 +153,11 @@ __device__ __forceinline__ void promote_split(float (&total)[kNumTotal], const f
 // kCluster = 2: two CTAs of a cluster take vertically adjacent tiles of one column block (the scheduler hands out
 // pairs, Scheduler's BLOCK_M is 2·BLOCK_M); each loads its own A and half of the shared B tile, multicast to both,
 // which halves the B traffic from L2.
+// kShareA (with kCluster = 2): the pair takes horizontally adjacent tiles of one row block instead (the scheduler
+// counts column-block pairs: n_block 2·pair + rank); each loads half of the shared A tile, multicast to both, and its
+// own B. The tensor map of A then has boxes of BLOCK_M / 2 rows.
 template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B,
-          int kCluster = 1>
+          int kCluster = 1, bool kShareA = false>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const GemmParams p, const Scheduler scheduler_arg) {
@@ -182,6 +185,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static_assert(!kFp4B || kPromoteK == 32 || kPromoteK == 128, "FP4 B: promote every 32, or fold (128)");
   static_assert(kCluster == 1 || (kCluster == 2 && !kFp4B), "clusters: 1, or 2 CTAs sharing an E4M3 B tile");
+  static_assert(!kShareA || (kCluster == 2 && kEpilogue == Epilogue::Store), "shared A: 2-CTA clusters, dense Store");
   using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>;
   constexpr int kSubs = Smem::kSubs;
   constexpr int kScaleSubs = Smem::kScaleSubs;
@@ -243,7 +247,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   }
   auto tile_at = [&](int t) {
     TileInfo info = scheduler.tile(t);
-    if constexpr (kCluster > 1) info.m_row0 += static_cast<int>(cta_rank) * BLOCK_M;
+    if constexpr (kCluster > 1 && kShareA) info.n_block = info.n_block * 2 + static_cast<int>(cta_rank);
+    else if constexpr (kCluster > 1) info.m_row0 += static_cast<int>(cta_rank) * BLOCK_M;
     return info;
   };
   // A consumer warp releases a stage in its own CTA and, with a cluster, in the peer (whose B half it also holds).
@@ -294,10 +299,17 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             ptx::tma_load_2d(raw_dst + (BLOCK_N / 2) * kGemmBlockK / 2, &tma_b, &raw_full[stage], kb * kGemmBlockK / 2, b_row1);
           } else {
             ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB);
-            ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_row0);
+            if constexpr (kShareA) {
+              // This CTA's half of A, into both CTAs (the peer loads the other half into both). The halves start at
+              // multiples of 1024 bytes (64 or 96 rows of 128), so the 128-byte swizzle lines up.
+              ptx::tma_load_2d_multicast(smem_a + stage * Smem::kStageA + cta_rank * (BLOCK_M / 2) * kGemmBlockK, &tma_a,
+                                         &full[stage], kb * kGemmBlockK, tile.m_row0 + static_cast<int>(cta_rank) * (BLOCK_M / 2), 0x3);
+            } else {
+              ptx::tma_load_2d(smem_a + stage * Smem::kStageA, &tma_a, &full[stage], kb * kGemmBlockK, tile.m_row0);
+            }
             // B in two halves of BLOCK_N/2 rows (the gate and up halves of a fused gate_up tile).
             uint8_t* b_dst = smem_b + stage * Smem::kStageB;
-            if constexpr (kCluster > 1) {
+            if constexpr (kCluster > 1 && !kShareA) {
               // This CTA's half of B, into both CTAs (the peer loads the other half into both).
               ptx::tma_load_2d_multicast(b_dst + cta_rank * (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage],
                                          kb * kGemmBlockK, cta_rank == 0 ? b_row0 : b_row1, 0x3);

@@ -160,11 +160,12 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 // kCluster = 2: clusters of two CTAs sharing B through TMA multicast. The grid is then as many clusters as fit on
 // the device at once (cudaOccupancyMaxActiveClusters: an SM pair must sit in one GPC), never more: the kernel is
 // persistent, and a second wave of clusters would double the time.
+// kShareA: the pair shares A instead (sm90_fp8_gemm.cuh), and `grid` counts column-block pairs.
 template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B = false,
-          int kCluster = 1>
+          int kCluster = 1, bool kShareA = false>
 inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p, const Scheduler& sched,
                    int grid, cudaStream_t stream) {
-  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster>;
+  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster, kShareA>;
   constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>::kBytes;
   constexpr int kThreads = 128 * (BLOCK_M / 64 + 1);
   static_assert(kSmem <= 232448, "shared memory: a tile config exceeds the 227 KB an sm_90 block can have");

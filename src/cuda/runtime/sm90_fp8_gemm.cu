@@ -48,13 +48,30 @@ float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
   return w.ptr;
 }
 
+// The schedulers of the shared-A pairs (column blocks counted in pairs).
+struct SharedASchedulers {
+  NormalScheduler<128> s128;
+  NormalScheduler<192> s192;
+};
+
 // The compiled dense tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
 template <int kPromoteK>
 void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p,
                     const NormalScheduler<64>& s64, const NormalScheduler<128>& s128, const NormalScheduler<192>& s192,
-                    const NormalScheduler<256>& s256, const NormalScheduler<384>& s384, cudaStream_t stream) {
+                    const NormalScheduler<256>& s256, const NormalScheduler<384>& s384, const SharedASchedulers& shared_a,
+                    cudaStream_t stream) {
   constexpr auto kStore = Epilogue::Store;
   using S256 = NormalScheduler<256>;
+  if (c.cluster == 2 && c.share_a) {
+    // 2-CTA clusters over adjacent column blocks of one row block: A is multicast, each CTA loads its own B.
+    if constexpr (kPromoteK != 32) {
+      if (c.block_m == 128 && c.block_n == 128)
+        return launch_kernel<128, 128, 6, kPromoteK, kStore, NormalScheduler<128>, false, 2, true>(a, b, p, shared_a.s128, c.grid, stream);
+      if (c.block_m == 192 && c.block_n == 128)
+        return launch_kernel<192, 128, 5, kPromoteK, kStore, NormalScheduler<192>, false, 2, true>(a, b, p, shared_a.s192, c.grid, stream);
+    }
+    throw Error("gemm config: no compiled shared-A cluster kernel for " + c.describe());
+  }
   if (c.cluster == 2) {
     // 2-CTA clusters: the scheduler hands out pairs of 128- or 192-row tiles (256 or 384 rows); B is multicast.
     if constexpr (kPromoteK != 32) {
@@ -106,7 +123,8 @@ void dispatch_dense_fp4(const GemmConfig& c, const CUtensorMap& a, const CUtenso
 
 std::string GemmConfig::describe() const {
   return std::to_string(block_m) + "x" + std::to_string(block_n) + " stages=" + std::to_string(stages) +
-         " split_k=" + std::to_string(split_k) + " cluster=" + std::to_string(cluster) + " grid=" + std::to_string(grid);
+         " split_k=" + std::to_string(split_k) + " cluster=" + std::to_string(cluster) + (share_a ? " (shared A)" : "") +
+         " grid=" + std::to_string(grid);
 }
 
 GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
@@ -172,18 +190,24 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
                   : 1;
   if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
     int bm = 0, bn = 0, split = 0, cluster = 1;
-    const int got = std::sscanf(forced, "%dx%d:%dc%d", &bm, &bn, &split, &cluster);
+    char shared = 0;
+    const int got = std::sscanf(forced, "%dx%d:%dc%d%c", &bm, &bn, &split, &cluster, &shared);
+    // "c2a": the pair shares A (adjacent column blocks); 128x128 and 192x128 tiles.
+    const bool share_a = got == 5 && shared == 'a';
     const bool valid = got >= 2 && (bm == 64 || bm == 128 || bm == 192) && (bn == 64 || bn == 128 || bn == 192 || bn == 256) &&
                        (bn != 256 || (bm == 128 && promote_k != 32)) && (bm != 192 || (bn == 128 && promote_k != 32)) &&
-                       (cluster == 1 || (cluster == 2 && (bm == 128 || (bm == 192 && bn == 128)) && bn >= 128 && promote_k != 32));
+                       (cluster == 1 || (cluster == 2 && (bm == 128 || (bm == 192 && bn == 128)) && bn >= 128 && promote_k != 32)) &&
+                       (got < 5 || (share_a && bn == 128));
     if (!valid)
       throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128, 192}, BN in {64, 128, "
                               "192, 256} (256: BM 128, no 32-wide promotion; BM 192: BN 128, no 32-wide promotion; c2: 2-CTA "
-                              "clusters, BM 128 with BN >= 128 or 192x128, no 32-wide promotion), got '") +
+                              "clusters, BM 128 with BN >= 128 or 192x128, no 32-wide promotion; c2a: the pair shares A, "
+                              "128x128 or 192x128), got '") +
                   forced + "'");
     c.block_m = bm;
     c.block_n = bn;
     c.cluster = cluster;
+    c.share_a = share_a;
     if (got >= 3) c.split_k = split;
   }
   c.stages = c.block_m == 192 ? 5
@@ -193,7 +217,8 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
   c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
   // With clusters, grid counts tile pairs (the launcher turns it into CTAs).
-  const int tiles = ceil_div(m, c.block_m * c.cluster) * ceil_div(n, c.block_n);
+  const int tiles = c.share_a ? ceil_div(m, c.block_m) * ceil_div(n, 2 * c.block_n)
+                              : ceil_div(m, c.block_m * c.cluster) * ceil_div(n, c.block_n);
   c.grid = std::min(num_sms / c.cluster, tiles * c.split_k);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
     std::fprintf(stderr, "finegemm: gemm M=%d N=%d K=%d promote_k=%d -> %s\n", m, n, k, promote_k, c.describe().c_str());
@@ -201,12 +226,13 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
 }
 
 namespace {
+// shared_a: the column blocks counted in pairs (2-CTA clusters sharing A; each CTA takes one of the pair's blocks).
 template <int kRowsPerTile>
-NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmConfig& c) {
+NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmConfig& c, bool shared_a = false) {
   NormalScheduler<kRowsPerTile> s;
   s.m = p.m;
   s.num_m_blocks = ceil_div(p.m, kRowsPerTile);
-  s.num_n_blocks = ceil_div(p.n, c.block_n);
+  s.num_n_blocks = ceil_div(p.n, (shared_a ? 2 : 1) * c.block_n);
   s.num_k_blocks = ceil_div(p.k, kGemmBlockK);
   s.split_k = c.split_k;
   s.k_blocks_per_split = c.k_blocks_per_split;
@@ -267,12 +293,13 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     // FP4 kernels: 64 or 128 rows and columns, no clusters.
     if (c.cluster != 1 || c.block_m > 128 || c.block_n > 128) {
       c.cluster = 1;
+      c.share_a = false;
       c.block_m = std::min(c.block_m, 128);
       c.block_n = std::min(c.block_n, 128);
       c.grid = std::min(num_sms_of_device(device), ceil_div(p.m, c.block_m) * ceil_div(p.n, c.block_n) * c.split_k);
     }
   }
-  const CUtensorMap tma_a = fp4_decode || fp8_decode ? CUtensorMap{} : make_tma_2d(a, p.m, p.k, lda, c.block_m);
+  const CUtensorMap tma_a = fp4_decode || fp8_decode ? CUtensorMap{} : make_tma_2d(a, p.m, p.k, lda, c.share_a ? c.block_m / 2 : c.block_m);
   const CUtensorMap tma_b = fp4_decode || fp8_decode ? CUtensorMap{} : p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
   // One scheduler per compiled tile height; each kernel takes the one of its BLOCK_M (256: 2-CTA cluster pairs).
@@ -281,6 +308,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const auto s192 = normal_scheduler<192>(p, c);
   const auto s256 = normal_scheduler<256>(p, c);
   const auto s384 = normal_scheduler<384>(p, c);
+  const SharedASchedulers shared_a{normal_scheduler<128>(p, c, true), normal_scheduler<192>(p, c, true)};
 
   // A stream-ordered workspace (under graph capture) is freed on the stream whatever happens below.
   struct OwnedWorkspace {
@@ -305,9 +333,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // (group 32, block 32x32, MX 1x32) promote every 32.
   if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
-  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, stream);
-  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, stream);
-  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, stream);
+  else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
+  else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
+  else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   if (p.workspace) launch_splitk_reduce(p, c.split_k, stream);
 }
 

@@ -16,11 +16,12 @@ struct GemmConfig {
   int k_blocks_per_split = 0;
   int grid = 0;     // CTAs, or CTA pairs when cluster == 2
   int cluster = 1;  // 2: two CTAs share B tiles through TMA multicast
+  bool share_a = false;  // with cluster 2: the pair shares A tiles instead (adjacent column blocks; "c2a")
   std::string describe() const;
 };
 
 // Pure function from the problem to a tile config (FINEGEMM_PRINT_CONFIG=1 prints each choice).
-// FINEGEMM_GEMM_CONFIG="BMxBN[:split[c2]]" forces one, for benchmarks and tests.
+// FINEGEMM_GEMM_CONFIG="BMxBN[:split[c2[a]]]" forces one, for benchmarks and tests.
 // promote_k: 0 (no promotion), 32 or 128.
 GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms);
 
