@@ -596,6 +596,31 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         tot[3] = fmaf(a[c * 4 + 3], sa1 * sbd, tot[3]);
       }
     };
+    // One promotion slice (sub of the stage st, wgmma chunk ch) of accumulator set `a`: its scales read from shared
+    // memory while the wgmma runs, then the wgmma wait that completes `a` (with `pending`, the one group issued after
+    // it may still run), then total += a · scales, by the tile's B scale pattern b_split (promote_split's kSplit, or
+    // -1: per chunk from shared memory).
+    // NOTE: not a generic lambda (the wait passed as a callable): that crashed cicc (CUDA 13.0).
+    auto promote_slice = [&](float(&a)[kNumAcc], int st, int sub, int ch, int b_split, bool pending) {
+      const float* sa = stage_scales_a(st, sub);
+      const float* sb = stage_scales_b(st, sub);
+      const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
+      const float s_lo = sb[0];
+      const float s_hi = b_split == 8 ? sb[64] : (b_split == 16 ? sb[128] : s_lo);
+      const float lo0 = sa0 * s_lo, lo1 = sa1 * s_lo, hi0 = sa0 * s_hi, hi1 = sa1 * s_hi;
+      if (pending) ptx::wgmma_wait<1>();
+      else ptx::wgmma_wait<0>();
+      ptx::fence_operands(a);
+      if (b_split == kSplitNone) {
+        promote_split<kSplitNone, WGMMA_N>(total, a, lo0, lo1, lo0, lo1, ch);
+      } else if (b_split == 8) {
+        promote_split<8, WGMMA_N>(total, a, lo0, lo1, hi0, hi1, ch);
+      } else if (b_split == 16) {
+        promote_split<16, WGMMA_N>(total, a, lo0, lo1, hi0, hi1, ch);
+      } else {
+        promote(a, sa0, sa1, sb, s_lo, ch);
+      }
+    };
     // Pingpong (p.pingpong, two consumer warpgroups): the warpgroups issue their wgmma groups in turn (named
     // barriers 1 and 2), so that one promotes while the other's wgmma runs. Without it both wait on the same stage,
     // issue together, finish together and promote together, leaving the tensor cores idle meanwhile.
@@ -682,24 +707,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
             // issued after it may still run. Then release the stage.
             auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
-              const float* sa = stage_scales_a(st, 0);
-              const float* sb = stage_scales_b(st, 0);
-              const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
-              const float s_lo = sb[0];
-              const float s_hi = b_split == 8 ? sb[64] : (b_split == 16 ? sb[128] : s_lo);
-              const float lo0 = sa0 * s_lo, lo1 = sa1 * s_lo, hi0 = sa0 * s_hi, hi1 = sa1 * s_hi;
-              if (pending) ptx::wgmma_wait<1>();
-              else ptx::wgmma_wait<0>();
-              ptx::fence_operands(a);
-              if (b_split == kSplitNone) {
-                promote_split<kSplitNone, WGMMA_N>(total, a, lo0, lo1, lo0, lo1, 0);
-              } else if (b_split == 8) {
-                promote_split<8, WGMMA_N>(total, a, lo0, lo1, hi0, hi1, 0);
-              } else if (b_split == 16) {
-                promote_split<16, WGMMA_N>(total, a, lo0, lo1, hi0, hi1, 0);
-              } else {
-                promote(a, sa0, sa1, sb, s_lo, 0);
-              }
+              promote_slice(a, st, 0, 0, b_split, pending);
               __syncwarp();
               if (lane == 0) release(st);
             };
@@ -765,24 +773,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                   }
                   ptx::wgmma_commit();
                   order_after_issue();
-                  // Scales of this slice (from shared memory) while the wgmma runs.
-                  const float* sa = stage_scales_a(stage, sub);
-                  const float* sb = stage_scales_b(stage, sub);
-                  const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
-                  const float s_lo = sb[0];
-                  const float s_hi = b_split == 8 ? sb[64] : (b_split == 16 ? sb[128] : s_lo);
-                  const float lo0 = sa0 * s_lo, lo1 = sa1 * s_lo, hi0 = sa0 * s_hi, hi1 = sa1 * s_hi;
-                  ptx::wgmma_wait<0>();
-                  ptx::fence_operands(acc);
-                  if (b_split == kSplitNone) {
-                    promote_split<kSplitNone, WGMMA_N>(total, acc, lo0, lo1, lo0, lo1, ch);
-                  } else if (b_split == 8) {
-                    promote_split<8, WGMMA_N>(total, acc, lo0, lo1, hi0, hi1, ch);
-                  } else if (b_split == 16) {
-                    promote_split<16, WGMMA_N>(total, acc, lo0, lo1, hi0, hi1, ch);
-                  } else {
-                    promote(acc, sa0, sa1, sb, s_lo, ch);
-                  }
+                  promote_slice(acc, stage, sub, ch, b_split, false);
                 }
               }
             };
