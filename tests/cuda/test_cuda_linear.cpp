@@ -306,14 +306,32 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
   {
     const ScopedEnv unset("FINEGEMM_GEMM_CONFIG", "");
     unsetenv("FINEGEMM_GEMM_CONFIG");
+    const ScopedEnv no_cluster_env("FINEGEMM_GEMM_CLUSTER", "");
+    unsetenv("FINEGEMM_GEMM_CLUSTER");
     const auto big = cuda::choose_gemm_config(4096, 7168, 16384, 128, 132);
     EXPECT_EQ(big.block_m, 192);
     EXPECT_EQ(big.block_n, 128);
+    EXPECT_EQ(big.cluster, 2);  // 22 row blocks: pairs sharing B
+    EXPECT_FALSE(big.share_a);
+    EXPECT_EQ(big.grid, 66);
+    const auto odd_rows = cuda::choose_gemm_config(2048, 7168, 16384, 128, 132);  // 11 row blocks, 56 column blocks
+    EXPECT_EQ(odd_rows.block_m, 192);
+    EXPECT_EQ(odd_rows.cluster, 2);
+    EXPECT_TRUE(odd_rows.share_a);
+    const auto blockwise32 = cuda::choose_gemm_config(4096, 7168, 16384, 32, 132);  // no clusters with 32-wide promotion
+    EXPECT_EQ(blockwise32.cluster, 1);
     const auto square = cuda::choose_gemm_config(4096, 4096, 7168, 128, 132);  // two accumulator sets win here
     EXPECT_EQ(square.block_m, 128);
     EXPECT_EQ(square.block_n, 128);
     EXPECT_EQ(square.cluster, 1);
     EXPECT_FALSE(square.share_a);
+  }
+  {
+    const ScopedEnv off("FINEGEMM_GEMM_CLUSTER", "1");
+    const auto c = cuda::choose_gemm_config(4096, 7168, 16384, 128, 132);
+    EXPECT_EQ(c.block_m, 192);
+    EXPECT_EQ(c.cluster, 1);
+    EXPECT_EQ(c.grid, 132);
   }
   {
     const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "192x128:1c2a");

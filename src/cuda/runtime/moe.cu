@@ -23,6 +23,45 @@ bool moe_per_token_gpu_enabled() {
   return env && *env == '1';
 }
 
+namespace {
+
+// FINEGEMM_MOE_UNFUSED=1: gate_up stores F32 and one more pass applies the activation and requantizes (group and
+// static recipes); =0 (the default): both fused in the gate_up GEMM's epilogue.
+bool moe_unfused_gate_up() {
+  const char* env = std::getenv("FINEGEMM_MOE_UNFUSED");
+  return env && *env == '1';
+}
+
+// The one-pass activation + requantization for group sizes 32, 64, 128 and 256 and static scales; false (nothing
+// launched) for other groups.
+bool launch_moe_activation_quantize(const float* y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout,
+                                    const MoeArgs& args, const ActivationRecipe& act, const int32_t* routed,
+                                    const float* static_scale, uint8_t* h_q, float* h_scale, cudaStream_t stream) {
+  const int64_t threads = rows * inter / 8;
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((threads + 255) / 256, 132 * 16)));
+  const int act_kind = static_cast<int>(args.activation);
+  const auto go = [&](auto kernel) {
+    kernel<<<blocks, 256, 0, stream>>>(y, ld, rows, inter, layout, act_kind, args.swiglu_limit, args.swiglu_alpha,
+                                       routed, static_scale, h_q, h_scale);
+    FG_CUDA_CHECK(cudaGetLastError());
+    return true;
+  };
+  if (act.is_static()) {
+    if (static_scale == nullptr) return false;
+    return go(moe_activation_quantize_kernel<0, false>);
+  }
+  const bool pow2 = act.pow2_scale;
+  switch (act.group_size) {
+    case 32: return pow2 ? go(moe_activation_quantize_kernel<32, true>) : go(moe_activation_quantize_kernel<32, false>);
+    case 64: return pow2 ? go(moe_activation_quantize_kernel<64, true>) : go(moe_activation_quantize_kernel<64, false>);
+    case 128: return pow2 ? go(moe_activation_quantize_kernel<128, true>) : go(moe_activation_quantize_kernel<128, false>);
+    case 256: return pow2 ? go(moe_activation_quantize_kernel<256, true>) : go(moe_activation_quantize_kernel<256, false>);
+    default: return false;
+  }
+}
+
+}  // namespace
+
 std::string moe_gpu_path_refusal(const MoeArgs& args, bool allow_per_token) {
   const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
   const int top_k = static_cast<int>(args.top_k_index.shape[1]);
@@ -109,26 +148,40 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
   const int64_t x_scale_cols = dynamic && !per_token ? hidden / act.group_size : 0;
   const int64_t h_scale_cols = dynamic && !per_token ? inter / act.group_size : 0;
   StreamScratch h_q(rows * inter, stream), h_scale(per_token ? rows * 4 : (dynamic ? rows * h_scale_cols * 4 : 16), stream);
-  if (per_token) {
+  if (per_token || moe_unfused_gate_up()) {
     // Per-token: one scale per row of I, whose amax spans every column tile. gate_up stores F32 (scales and bias
     // applied), one kernel applies the activation, and the activation quantizer takes each row's amax.
-    // NOTE: the intermediate reaches memory in F32 on this path only (the group and static recipes fuse it).
-    StreamScratch y_gu(rows * gate_up_rows * 4, stream), h(rows * inter * 4, stream);
+    // Unfused group and static recipes (FINEGEMM_MOE_UNFUSED): gate_up on the Store path's 128x128 tiles (two
+    // accumulator sets), then one pass applies the activation and requantizes (moe_activation_quantize_kernel).
+    // NOTE: the intermediate reaches memory in F32 on these paths only (the fused path keeps it in registers).
+    StreamScratch y_gu(rows * gate_up_rows * 4, stream);
     GemmParams p = moe_expert_gemm_params(args, true, rows);
-    set_activation_scales(p, act, in.x_scale, 1, 1, hidden, nullptr);
+    if (per_token)
+      set_activation_scales(p, act, in.x_scale, 1, 1, hidden, nullptr);
+    else
+      set_activation_scales(p, act, in.x_scale, x_scale_cols, 1, hidden, in.gate_up_act_scale);
     p.out = y_gu.as<void>();
     p.out_dtype = OutDType::F32;
     p.ldo = gate_up_rows;
     launch_sm90_fp8_grouped_gemm(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], layout, Epilogue::Store,
                                  p, stream);
     const MoeGateLayout gate_layout = moe_gate_layout(args);
+    const int32_t* routed = in.expert_offsets + in.num_experts;
     const int blocks = static_cast<int>(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16));
-    moe_activation_kernel<<<blocks, 256, 0, stream>>>(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout,
-                                                      static_cast<int>(args.activation), args.swiglu_limit,
-                                                      args.swiglu_alpha, in.expert_offsets + in.num_experts, h.as<float>());
-    FG_CUDA_CHECK(cudaGetLastError());
-    launch_quantize_activations(h.as<void>(), DType::F32, rows, inter, act, h_q.as<uint8_t>(), h_scale.as<float>(),
-                                stream);
+    if (!per_token && launch_moe_activation_quantize(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout, args,
+                                                     act, routed, in.down_act_scale, h_q.as<uint8_t>(),
+                                                     h_scale.as<float>(), stream)) {
+      // done in one pass
+    } else {
+      StreamScratch h(rows * inter * 4, stream);
+      moe_activation_kernel<<<blocks, 256, 0, stream>>>(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout,
+                                                        static_cast<int>(args.activation), args.swiglu_limit,
+                                                        args.swiglu_alpha, routed, h.as<float>());
+      FG_CUDA_CHECK(cudaGetLastError());
+      // Static: the quantizer reads the scalar scale (x_scale is only read for static recipes).
+      float* h_scale_arg = dynamic ? h_scale.as<float>() : const_cast<float*>(in.down_act_scale);
+      launch_quantize_activations(h.as<void>(), DType::F32, rows, inter, act, h_q.as<uint8_t>(), h_scale_arg, stream);
+    }
   } else {
     GemmParams p = moe_expert_gemm_params(args, true, rows);
     set_activation_scales(p, act, in.x_scale, x_scale_cols, 1, hidden, in.gate_up_act_scale);

@@ -180,14 +180,30 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
     const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
     if (tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
   }
-  // 2-CTA clusters (B multicast) halve B's L2 traffic, but measured slower on the H200 (M=4096, N=7168, K=16384:
-  // 428 TFLOP/s with them, 712 without; gpu-check bench-cluster): off unless FINEGEMM_GEMM_CLUSTER=2.
+  // 2-CTA clusters. NOTE: measured on the H200 after dde513b (no membar before the remote stage release), M = 4096,
+  // bench/results/stop24_clusters_2026-12-02_ab42b19.json: 192x128 pairs sharing B (c2, the pair takes two row
+  // blocks) N=7168 K=16384 1030 vs 971 TFLOP/s, N=24576 K=1536 811 vs 800, N=2112 K=7168 852 vs 834; at M = 2048
+  // (11 row blocks: the last pair half idle) c2 fell to 863 vs 996, pairs sharing A (c2a, two column blocks) 1011.
+  // 128x128 pairs were no faster than 128x128 with two accumulator sets (N=4096 K=7168 931 vs 937). So 192x128
+  // takes c2 where the row blocks pair up, else c2a where the column blocks do. FINEGEMM_GEMM_CLUSTER=1 turns
+  // clusters off; =2 also pairs 128-row tiles (B shared).
   const char* cluster_env = std::getenv("FINEGEMM_GEMM_CLUSTER");
-  const bool clusters_allowed = cluster_env && *cluster_env == '2';
-  c.cluster = (clusters_allowed && c.block_m == 128 && c.block_n >= 128 && promote_k != 32 && c.split_k == 1 &&
-               static_cast<int64_t>(ceil_div(m, 256)) * ceil_div(n, c.block_n) >= num_sms / 2)
-                  ? 2
-                  : 1;
+  const int cluster_mode = cluster_env && *cluster_env ? std::atoi(cluster_env) : 0;  // 0: the heuristic
+  c.cluster = 1;
+  if (cluster_mode != 1 && promote_k != 32 && c.split_k == 1) {
+    const int64_t row_blocks = ceil_div(m, c.block_m), col_blocks = ceil_div(n, c.block_n);
+    if (c.block_m == 192 && row_blocks * col_blocks >= num_sms) {
+      if (row_blocks % 2 == 0) {
+        c.cluster = 2;
+      } else if (col_blocks % 2 == 0) {
+        c.cluster = 2;
+        c.share_a = true;
+      }
+    } else if (cluster_mode == 2 && c.block_m == 128 && c.block_n >= 128 &&
+               static_cast<int64_t>(ceil_div(m, 256)) * col_blocks >= num_sms / 2) {
+      c.cluster = 2;
+    }
+  }
   if (const char* forced = std::getenv("FINEGEMM_GEMM_CONFIG")) {
     int bm = 0, bn = 0, split = 0, cluster = 1;
     char shared = 0;
