@@ -129,27 +129,30 @@ TEST_F(CudaMoe, EveryRecipeMatchesReference) {
   }
 }
 
-// The unfused gate_up (FINEGEMM_MOE_UNFUSED=1): gate_up stores F32 on the Store path's tiles, then one pass applies
-// the activation and requantizes the intermediate in groups or with the static scale
-// (moe_activation_quantize_kernel). Every recipe, every activation variant and both gate/up layouts, on the grouped
-// path (the decode path off); output poisoned.
-TEST_F(CudaMoe, UnfusedGateUpEveryRecipe) {
-  const testing::ScopedEnv unfused("FINEGEMM_MOE_UNFUSED", "1");
-  const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
-  const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
-                              {MoeActivation::SwiGLU, 7.0f, false, true},
-                              {MoeActivation::SwiGLUOai, 7.0f, true, true},
-                              {MoeActivation::Silu, 0.0f, false, false}};
-  const auto recipes = all_recipes();
-  for (size_t r = 0; r < recipes.size(); ++r) {
-    for (int64_t tokens : {77, 300}) {
-      const Variant& v = variants[(r + tokens) % 4];
-      const MoeProblem problem = small_problem(tokens, v);
-      const auto masters = tools::make_moe_masters(rng(), problem);
-      auto data = tools::make_moe(rng(), recipes[r], problem, masters);
-      const auto cmp = run_and_compare(data);
-      EXPECT_TRUE(cmp.ok(kMoeBar)) << recipes[r].name << " T=" << tokens << " " << problem.variant()
-                                   << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
+// The gate_up unfused (the default: gate_up stores F32 on the Store path's tiles, then one pass applies the
+// activation and requantizes the intermediate in groups or with the experts' static scales,
+// moe_activation_quantize_kernel) and fused (FINEGEMM_MOE_UNFUSED=0: both in the GEMM's epilogue). Every recipe,
+// every activation variant and both gate/up layouts, on the grouped path (the decode path off); output poisoned.
+TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) {
+  for (const char* unfused_env : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FINEGEMM_MOE_UNFUSED=") + unfused_env);
+    const testing::ScopedEnv unfused("FINEGEMM_MOE_UNFUSED", unfused_env);
+    const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
+    const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
+                                {MoeActivation::SwiGLU, 7.0f, false, true},
+                                {MoeActivation::SwiGLUOai, 7.0f, true, true},
+                                {MoeActivation::Silu, 0.0f, false, false}};
+    const auto recipes = all_recipes();
+    for (size_t r = 0; r < recipes.size(); ++r) {
+      for (int64_t tokens : {77, 300}) {
+        const Variant& v = variants[(r + tokens) % 4];
+        const MoeProblem problem = small_problem(tokens, v);
+        const auto masters = tools::make_moe_masters(rng(), problem);
+        auto data = tools::make_moe(rng(), recipes[r], problem, masters);
+        const auto cmp = run_and_compare(data);
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipes[r].name << " T=" << tokens << " " << problem.variant()
+                                     << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
+      }
     }
   }
 }

@@ -36,20 +36,20 @@ __global__ void moe_activation_kernel(const float* __restrict__ y, int64_t ld, i
 
 // Group and static recipes, unfused path (FINEGEMM_MOE_UNFUSED): the activation and the requantization of the
 // intermediate in one pass over the gate_up GEMM's F32 output y [rows, ld]: h_q [rows, inter] E4M3 and, for groups
-// of kGroup columns, h_scale [rows, inter / kGroup] (kGroup 0: the static scale *static_scale). Each thread makes 8
+// of kGroup columns, h_scale [rows, inter / kGroup] (kGroup 0: the static scales, one per expert: static_scale[e]
+// for the rows offsets[e] .. offsets[e + 1] - 1). Each thread makes 8
 // consecutive columns of h; a group's kGroup / 8 threads are adjacent lanes and reduce its amax by shuffles. The
 // arithmetic is quant_activations.cuh's (dynamic_scale, quantize8), so the codes are the CPU reference's x / s.
-// Rows at or past *routed_rows quantize zeros.
+// Rows at or past offsets[num_experts] (the routed rows) quantize zeros.
 template <int kGroup, bool kPow2>
 __global__ void __launch_bounds__(256) moe_activation_quantize_kernel(
     const float* __restrict__ y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout, int act_kind,
-    float limit, float alpha, const int32_t* __restrict__ routed_rows, const float* __restrict__ static_scale,
-    uint8_t* __restrict__ h_q, float* __restrict__ h_scale) {
+    float limit, float alpha, const int32_t* __restrict__ offsets, int num_experts,
+    const float* __restrict__ static_scale, uint8_t* __restrict__ h_q, float* __restrict__ h_scale) {
   constexpr int kLanes = kGroup == 0 ? 1 : kGroup / 8;
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a group spans 8..256 columns");
   const int64_t vecs_per_row = inter / 8, total = rows * vecs_per_row;
-  const int64_t routed = *routed_rows;
-  const float s_static = kGroup == 0 ? *static_scale : 0.0f;
+  const int64_t routed = offsets[num_experts];
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   // The loop bound is warp-uniform (every lane runs the shuffles); total is a multiple of kLanes, so a group's lanes
@@ -90,8 +90,16 @@ __global__ void __launch_bounds__(256) moe_activation_quantize_kernel(
         for (int j = 0; j < 8; ++j) v[j] = moe_plain_act(act_kind, u[j]);
       }
     }
-    float s = s_static;
-    if constexpr (kGroup != 0) {
+    float s;
+    if constexpr (kGroup == 0) {
+      // The row's expert: the last e with offsets[e] <= r (rows past the routed ones take the last expert's).
+      int lo = 0, hi = num_experts - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (offsets[mid] <= r) lo = mid; else hi = mid - 1;
+      }
+      s = static_scale[lo];
+    } else {
       float amax = 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));

@@ -23,31 +23,34 @@ bool moe_per_token_gpu_enabled() {
   return env && *env == '1';
 }
 
-namespace {
-
-// FINEGEMM_MOE_UNFUSED=1: gate_up stores F32 and one more pass applies the activation and requantizes (group and
-// static recipes); =0 (the default): both fused in the gate_up GEMM's epilogue.
+// NOTE: measured on the H200 (stop 24, bench/results/stop24_moe_unfused_2026-12-02_*.json), T = 4096, dynamic group
+// 128: DeepSeek-V3 layer 7909 -> 5657 us, Qwen3-30B-A3B 1443 -> 705 us with the unfused gate_up: the fused epilogue
+// needs whole 128-column requantization groups in a tile (128x256, one accumulator set), the Store path runs 128x128
+// tiles with two accumulator sets; the F32 round trip of the gate_up output costs less than that difference.
 bool moe_unfused_gate_up() {
   const char* env = std::getenv("FINEGEMM_MOE_UNFUSED");
-  return env && *env == '1';
+  return !(env && *env == '0');
 }
 
-// The one-pass activation + requantization for group sizes 32, 64, 128 and 256 and static scales; false (nothing
-// launched) for other groups.
+namespace {
+
+// The one-pass activation + requantization for group sizes 32, 64, 128 and 256 and static scales (one per expert);
+// false (nothing launched) for other groups.
 bool launch_moe_activation_quantize(const float* y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout,
-                                    const MoeArgs& args, const ActivationRecipe& act, const int32_t* routed,
-                                    const float* static_scale, uint8_t* h_q, float* h_scale, cudaStream_t stream) {
+                                    const MoeArgs& args, const ActivationRecipe& act, const int32_t* offsets,
+                                    int num_experts, const float* static_scale, uint8_t* h_q, float* h_scale, cudaStream_t stream) {
   const int64_t threads = rows * inter / 8;
   const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((threads + 255) / 256, 132 * 16)));
   const int act_kind = static_cast<int>(args.activation);
   const auto go = [&](auto kernel) {
     kernel<<<blocks, 256, 0, stream>>>(y, ld, rows, inter, layout, act_kind, args.swiglu_limit, args.swiglu_alpha,
-                                       routed, static_scale, h_q, h_scale);
+                                       offsets, num_experts, static_scale, h_q, h_scale);
     FG_CUDA_CHECK(cudaGetLastError());
     return true;
   };
   if (act.is_static()) {
-    if (static_scale == nullptr) return false;
+    if (static_scale == nullptr)
+      throw Error("down_act_scale: a static activation recipe needs the intermediate's per-expert scales, got none");
     return go(moe_activation_quantize_kernel<0, false>);
   }
   const bool pow2 = act.pow2_scale;
@@ -169,8 +172,8 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
     const int32_t* routed = in.expert_offsets + in.num_experts;
     const int blocks = static_cast<int>(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16));
     if (!per_token && launch_moe_activation_quantize(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout, args,
-                                                     act, routed, in.down_act_scale, h_q.as<uint8_t>(),
-                                                     h_scale.as<float>(), stream)) {
+                                                     act, in.expert_offsets, in.num_experts, in.down_act_scale,
+                                                     h_q.as<uint8_t>(), h_scale.as<float>(), stream)) {
       // done in one pass
     } else {
       StreamScratch h(rows * inter * 4, stream);
@@ -178,9 +181,9 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
                                                         static_cast<int>(args.activation), args.swiglu_limit,
                                                         args.swiglu_alpha, routed, h.as<float>());
       FG_CUDA_CHECK(cudaGetLastError());
-      // Static: the quantizer reads the scalar scale (x_scale is only read for static recipes).
-      float* h_scale_arg = dynamic ? h_scale.as<float>() : const_cast<float*>(in.down_act_scale);
-      launch_quantize_activations(h.as<void>(), DType::F32, rows, inter, act, h_q.as<uint8_t>(), h_scale_arg, stream);
+      // Per-token, and groups the one-pass kernel has no instance for (static recipes always take it).
+      launch_quantize_activations(h.as<void>(), DType::F32, rows, inter, act, h_q.as<uint8_t>(), h_scale.as<float>(),
+                                  stream);
     }
   } else {
     GemmParams p = moe_expert_gemm_params(args, true, rows);
