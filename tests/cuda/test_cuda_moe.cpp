@@ -276,8 +276,9 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
 using testing::ScopedEnv;
 
 // Which path the MoE block takes (host-side choice, no GPU needed: runs in CI): the decode path for every FP4
-// recipe and every block recipe whose scales hold over 128 of K, at decode sizes only (up to 32 rows per expert),
-// never for per-tensor / per-channel weights or group-32 activations with E4M3 weights; FINEGEMM_MOE_DECODE=0 / 1.
+// recipe and every block recipe whose scales hold over 128 of K, at decode sizes only (up to 16 rows per expert, 32
+// with FP4 experts), never for per-tensor / per-channel weights or group-32 activations with E4M3 weights;
+// FINEGEMM_MOE_DECODE=0 / 1.
 TEST(MoePathChoice, DecodePathForItsRecipesAtDecodeSizes) {
   auto recipes = all_recipes();
   recipes.push_back({"block x token", WeightRecipe::block(128, 128, ScaleFormat::FP32), ActivationRecipe::per_token()});
@@ -296,8 +297,9 @@ TEST(MoePathChoice, DecodePathForItsRecipesAtDecodeSizes) {
     HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
     const MoeArgs args = data.args(probe.view);
     EXPECT_EQ(cuda::moe_decode_path(args, 16), served) << recipe.name;           // 2 rows per expert
-    EXPECT_EQ(cuda::moe_decode_path(args, 32 * 8), served) << recipe.name;       // 32 per expert: the default's edge
-    EXPECT_FALSE(cuda::moe_decode_path(args, 32 * 8 + 1)) << recipe.name;        // beyond it
+    const int64_t edge = (fp4 ? 32 : 16) * 8;  // rows per expert at the default's edge: 32 for FP4, 16 for E4M3
+    EXPECT_EQ(cuda::moe_decode_path(args, edge), served) << recipe.name;
+    EXPECT_FALSE(cuda::moe_decode_path(args, edge + 1)) << recipe.name;  // beyond it
     {
       const ScopedEnv off("FINEGEMM_MOE_DECODE", "0");
       EXPECT_FALSE(cuda::moe_decode_path(args, 16)) << recipe.name;
