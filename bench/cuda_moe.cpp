@@ -267,7 +267,7 @@ struct Steps {
     cuda::launch_moe_permute_quantize(a.hidden.data, a.hidden.dtype, tokens, hidden, top_k, routing, act, gate_up_static,
                                       static_cast<uint8_t*>(x_q.data()), static_cast<float*>(x_scale.data()), stream);
     if (ev) CHECK_CUDA(cudaEventRecord(ev[2], stream));
-    if (cuda::moe_decode_path(a, rows) || fp4 || cuda::moe_unfused_gate_up()) {
+    if (cuda::moe_decode_path(a, rows) || fp4 || cuda::moe_gate_up_unfused(rows, a.gate_up.shape[1])) {
       // The decode path, FP4 experts and the unfused gate_up (moe.cu): both GEMMs and what runs between them as one
       // step ("gate_up_us"; down 0). The replica below is of the FP8 grouped path only.
       cuda::PermutedRows in;

@@ -320,6 +320,16 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
     EXPECT_TRUE(odd_rows.share_a);
     const auto blockwise32 = cuda::choose_gemm_config(4096, 7168, 16384, 32, 132);  // no clusters with 32-wide promotion
     EXPECT_EQ(blockwise32.cluster, 1);
+    // Split-K fills one wave (M = 128, one row block of 128x64 tiles): (N, K) -> splits; ceil(SMs / tiles) overfilled
+    // it (N = 4096: 3 splits of 64 tiles, N = 576: 15 of 9).
+    for (const auto& [n, k, split] : {std::tuple{4096, 7168, 2}, {576, 7168, 14}, {2112, 7168, 4}}) {
+      const auto c = cuda::choose_gemm_config(128, n, k, 128, 132);
+      EXPECT_EQ(c.block_m, 128) << n << "x" << k;
+      EXPECT_EQ(c.block_n, 64) << n << "x" << k;
+      EXPECT_EQ(c.split_k, split) << n << "x" << k;
+      EXPECT_EQ(c.grid, (n + 63) / 64 * split) << n << "x" << k;  // every unit in one wave
+      EXPECT_LE(c.grid, 132) << n << "x" << k;
+    }
     const auto square = cuda::choose_gemm_config(4096, 4096, 7168, 128, 132);  // two accumulator sets win here
     EXPECT_EQ(square.block_m, 128);
     EXPECT_EQ(square.block_n, 128);

@@ -23,13 +23,17 @@ bool moe_per_token_gpu_enabled() {
   return env && *env == '1';
 }
 
-// NOTE: measured on the H200 (stop 24, bench/results/stop24_moe_unfused_2026-12-02_*.json), T = 4096, dynamic group
-// 128: DeepSeek-V3 layer 7909 -> 5657 us, Qwen3-30B-A3B 1443 -> 705 us with the unfused gate_up: the fused epilogue
+// NOTE: measured on the H200 (stop 24: bench/results/stop24_call2_2026-12-02.json and
+// stop24_moe_unfused_2026-12-02_d161a6a.json), T = 4096, dynamic group 128: DeepSeek-V3 layer 7909-8076 -> 5577-5657 us,
+// Qwen3-30B-A3B 1431-1443 -> 697-705 us, Qwen3 T = 1024 958 -> 322 us with the unfused gate_up: the fused epilogue
 // needs whole 128-column requantization groups in a tile (128x256, one accumulator set), the Store path runs 128x128
 // tiles with two accumulator sets; the F32 round trip of the gate_up output costs less than that difference.
-bool moe_unfused_gate_up() {
+bool moe_gate_up_unfused(int64_t rows, int64_t gate_up_cols) {
   const char* env = std::getenv("FINEGEMM_MOE_UNFUSED");
-  return !(env && *env == '0');
+  if (env && *env == '0') return false;
+  // NOTE: the F32 gate_up output is scratch of rows x 2I x 4 bytes (DeepSeek-V3: 537 MB at T = 4096); past 4 GiB
+  // (T > 32768 there) the fused path, which needs none, takes over.
+  return rows * gate_up_cols * 4 <= (int64_t{4} << 30);
 }
 
 namespace {
@@ -151,7 +155,7 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
   const int64_t x_scale_cols = dynamic && !per_token ? hidden / act.group_size : 0;
   const int64_t h_scale_cols = dynamic && !per_token ? inter / act.group_size : 0;
   StreamScratch h_q(rows * inter, stream), h_scale(per_token ? rows * 4 : (dynamic ? rows * h_scale_cols * 4 : 16), stream);
-  if (per_token || moe_unfused_gate_up()) {
+  if (per_token || moe_gate_up_unfused(rows, gate_up_rows)) {
     // Per-token: one scale per row of I, whose amax spans every column tile. gate_up stores F32 (scales and bias
     // applied), one kernel applies the activation, and the activation quantizer takes each row's amax.
     // Unfused group and static recipes (FINEGEMM_MOE_UNFUSED): gate_up on the Store path's 128x128 tiles (two

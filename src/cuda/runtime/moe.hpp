@@ -20,9 +20,10 @@ enum class MoeGateLayout : int;  // cuda/kernels/moe_activation.cuh
 std::string moe_gpu_path_refusal(const MoeArgs& args, bool allow_per_token = false);
 // FINEGEMM_MOE_PER_TOKEN_GPU=1: moe_experts runs per-token activations on the GPU (off until measured on the H200).
 bool moe_per_token_gpu_enabled();
-// The MoE gate_up unfused (the default; FINEGEMM_MOE_UNFUSED=0 fuses the activation and requantization into its
-// epilogue): gate_up stores F32, then one pass applies the activation and requantizes.
-bool moe_unfused_gate_up();
+// Whether the grouped path runs gate_up unfused (the default while its F32 output, rows x gate_up_cols, stays within
+// 4 GiB; FINEGEMM_MOE_UNFUSED=0 always fuses the activation and requantization into gate_up's epilogue): gate_up
+// stores F32, then one pass applies the activation and requantizes.
+bool moe_gate_up_unfused(int64_t rows, int64_t gate_up_cols);
 // Whether moe_expert_gemms runs `rows` routed rows on the decode kernel (sm90_fp4_decode.cuh) over the experts that
 // have rows: few rows per expert (at most 32 on average) and both GEMMs' recipes served by it. FINEGEMM_MOE_DECODE=0
 // turns it off, =1 takes it to any row count.

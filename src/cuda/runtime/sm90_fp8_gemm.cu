@@ -178,7 +178,21 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
       }
     }
     const int tiles = ceil_div(m, c.block_m) * ceil_div(n, c.block_n);
-    if (tiles < num_sms * 3 / 4 && num_kb >= 4) c.split_k = std::min({ceil_div(num_sms, tiles), num_kb / 2, 16});
+    // Split-K when the tiles fill under 3/4 of the SMs: the split count whose busiest SM runs the fewest K blocks
+    // (waves x K blocks per split), each split costing 2% more (its partial write and the reduce). NOTE: until stop 24
+    // this was ceil(SMs / tiles), which overfills one wave: M = 128 N = 7168 (56 tiles) took 3 splits, 168 units on
+    // 132 SMs, two waves of 6 K blocks where 2 splits run one wave of 8. Not yet measured on the GPU.
+    if (tiles < num_sms * 3 / 4 && num_kb >= 4) {
+      double best_split = 1e300;
+      for (int split = 1; split <= std::min(num_kb / 2, 16); ++split) {
+        const int64_t waves = ceil_div(static_cast<int64_t>(tiles) * split, num_sms);
+        const double cost = static_cast<double>(waves * ceil_div(num_kb, split)) * (1.0 + 0.02 * (split - 1));
+        if (cost < best_split) {
+          best_split = cost;
+          c.split_k = split;
+        }
+      }
+    }
   }
   // 2-CTA clusters. NOTE: measured on the H200 after dde513b (no membar before the remote stage release), M = 4096,
   // bench/results/stop24_clusters_2026-12-02_ab42b19.json: 192x128 pairs sharing B (c2, the pair takes two row
