@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Next session's first call (after scripts/pack-prebuilt; cp this into .snap; carry [".snap"]): stop 24's unmeasured
 # split-K rule (one wave) against the old counts, wider tiles at M = 128, the no-promotion rate with 192x128 pairs,
-# then the linear tests that did not run at stop 24 and the MoE tests (the 4 GiB unfused cap).
+# the MoE grouped GEMM with 64-row tiles, then the linear tests that did not run at stop 24.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
 export FINEGEMM_PREBUILT=.prebuilt
@@ -31,6 +31,11 @@ run np_c2 4096 7168:16384 channel-token FINEGEMM_GEMM_FP32_ACCUM=0 FINEGEMM_GEMM
 run np_c2a 4096 7168:16384 channel-token FINEGEMM_GEMM_FP32_ACCUM=0 FINEGEMM_GEMM_CONFIG=192x128:1c2a
 run np_1 4096 7168:16384 channel-token FINEGEMM_GEMM_FP32_ACCUM=0 FINEGEMM_GEMM_CONFIG=192x128
 echo "bench: $(( $(date +%s) - s0 )) s"
+# The MoE row tail: 128-row tiles (default at >= 96 rows per expert) against 64-row ones.
+for bm in default 64; do
+  env $( [ $bm != default ] && echo FINEGEMM_GROUPED_BLOCK_M=$bm ) timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3,qwen3-30b-a3b --tokens 2048,4096 --recipes dynamic --check-tokens 4 >$W/moe_bm$bm.jsonl 2>$W/moe_bm$bm.err
+  echo "moe block_m=$bm rc=$? :: $(grep -o '"layer": "[a-z0-9-]*"\|"T": [0-9]*\|"layer_us": [0-9.]*\|"gemm_tflops": [0-9.]*\|"check": "[a-z]*"' $W/moe_bm$bm.jsonl | tr '\n' ' ') ($(( $(date +%s) - s0 )) s)"
+done
 left=$(( 560 - $(date +%s) + s0 ))
 [ $left -gt 30 ] && timeout $left $B/tests/test_cuda_linear --gtest_filter='-*EveryTileConfig*:*Pingpong*:*DoubleAcc*' >$W/test_lin.txt 2>&1
 echo "linear tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' $W/test_lin.txt | tr '\n' ' ') $(grep -c '^\[       OK' $W/test_lin.txt) ok"; grep -E "Failure" -A3 $W/test_lin.txt | head -10

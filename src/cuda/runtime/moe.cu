@@ -58,6 +58,7 @@ bool launch_moe_activation_quantize(const float* y, int64_t ld, int64_t rows, in
     return go(moe_activation_quantize_kernel<0, false>);
   }
   const bool pow2 = act.pow2_scale;
+  if (act.group_size <= 0 || inter % act.group_size != 0) return false;  // the quantizer's fallback names the error
   switch (act.group_size) {
     case 32: return pow2 ? go(moe_activation_quantize_kernel<32, true>) : go(moe_activation_quantize_kernel<32, false>);
     case 64: return pow2 ? go(moe_activation_quantize_kernel<64, true>) : go(moe_activation_quantize_kernel<64, false>);

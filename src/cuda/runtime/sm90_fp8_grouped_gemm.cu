@@ -1,6 +1,8 @@
 // Host side of the grouped (MoE) GEMM: the GroupedScheduler over per-expert row ranges read on the device.
 // NOTE: its own translation unit so that the dense and grouped kernels compile in parallel.
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "cuda/runtime/fp4_expand.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
@@ -58,7 +60,15 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int num_sms = num_sms_of_device(device);
   // NOTE: 128-row tiles once experts average a full tile of rows (prefill); 64 at decode.
-  const int block_m = layout.expected_rows_per_group >= 96 ? 128 : 64;
+  int block_m = layout.expected_rows_per_group >= 96 ? 128 : 64;
+  // FINEGEMM_GROUPED_BLOCK_M=64 / 128 forces the tile height (to measure the row tail of each expert: 128-row tiles
+  // leave up to 127 rows of the last tile empty, 64-row tiles up to 63).
+  if (const char* forced = std::getenv("FINEGEMM_GROUPED_BLOCK_M"); forced && *forced) {
+    const int v = std::atoi(forced);
+    if (v != 64 && v != 128)
+      throw Error(std::string("FINEGEMM_GROUPED_BLOCK_M: expected 64 or 128, got '") + forced + "'");
+    block_m = v;
+  }
   // The fused activation needs whole requantization groups (128 intermediate columns) in one tile: 256 B rows.
   const int block_n = epilogue == Epilogue::ActRequant ? 256 : 128;
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
