@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -122,6 +123,7 @@ int main(int argc, char** argv) {
   // quantization is timed with the GEMM); by default they arrive quantized (E4M3 and their scales).
   bool bf16_input = false;
   bool weights_static = false;  // --weights-static: RunOptions::weights_static (no kernel here writes weights)
+  std::vector<std::string> env_sets = {""};  // --envs: one row per entry, each with its environment settings
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--m" && i + 1 < argc) {
@@ -136,6 +138,19 @@ int main(int argc, char** argv) {
       bf16_input = true;
     } else if (a == "--quick") {
       nks.resize(3);
+    } else if (a == "--envs" && i + 1 < argc) {
+      // Settings to compare on the same data: entries separated by ';', each a comma-separated list of NAME=VALUE
+      // (an empty entry: the defaults), e.g. --envs ';FINEGEMM_GEMM_CONFIG=192x128:1c2;FINEGEMM_GEMM_CLUSTER=1'.
+      // An entry's variables are unset after its row (set nothing the caller also sets).
+      env_sets.clear();
+      const std::string list = argv[++i];
+      size_t start = 0;
+      while (true) {
+        const size_t end = list.find(';', start);
+        env_sets.push_back(list.substr(start, end == std::string::npos ? std::string::npos : end - start));
+        if (end == std::string::npos) break;
+        start = end + 1;
+      }
     } else if (a == "--nk" && i + 1 < argc) {  // one (N, K) shape: --nk 7168:16384
       const std::string nk = argv[++i];
       const auto colon = nk.find(':');
@@ -214,76 +229,92 @@ int main(int argc, char** argv) {
                                 : to_device(TensorView::of(xq.data(), DType::F8_E4M3, {m, k}), kGpu);
         auto xs_dev = to_device(TensorView::of(xs_bytes.data(), DType::F32, xs_shape), kGpu);
         DeviceBuffer out(kGpu, static_cast<size_t>(m * n * 2));
-        CHECK_CUDA(cudaMemset(out.data(), 0xFF, out.bytes()));  // poison: NaN in bf16
 
-        LinearArgs args;
-        args.x = x_dev.view;
-        // BF16 input: linear() computes dynamic scales itself; a static recipe still takes its scalar.
-        args.x_scale = bf16_input && !var.activation.is_static() ? TensorView{} : xs_dev.view;
-        args.activation = var.activation;
-        args.weight = fp4 ? TensorView::of(w_dev[0].data(), DType::U8, {n, k / 2}, kGpu)
-                          : TensorView::of(w_dev[0].data(), DType::F8_E4M3, {n, k}, kGpu);
-        args.weight_scale = ws_dev.view;
-        args.weight_recipe = var.weight;
-        args.out = TensorView::of(out.data(), DType::BF16, {m, n}, kGpu);
-        RunOptions opt{Backend::Cuda, stream};
-        opt.weights_static = weights_static;
-        linear(args, opt);
-        CHECK_CUDA(cudaStreamSynchronize(stream));
-        const double rel = bf16_input ? check_rows_bf16(args, xb, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n)
-                                      : check_rows(args, xq, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n);
-
-        // Events around single launches, cycling the weight copies.
-        const int iters = m >= 4096 ? 30 : 100;
-        std::vector<double> times;
-        for (int it = 0; it < iters + 5; ++it) {
-          args.weight.data = w_dev[it % copies].data();
-          CHECK_CUDA(cudaEventRecord(e0, stream));
-          linear(args, opt);
-          CHECK_CUDA(cudaEventRecord(e1, stream));
-          CHECK_CUDA(cudaEventSynchronize(e1));
-          float ms_ = 0;
-          CHECK_CUDA(cudaEventElapsedTime(&ms_, e0, e1));
-          if (it >= 5) times.push_back(ms_ * 1e3);
-        }
-        const double us = median(times);
-        // Graph replay for decode-sized M: one graph of `copies` launches, timed over many replays.
-        double us_graph = 0;
-        if (m <= 128) {
-          cudaGraph_t graph;
-          cudaGraphExec_t exec;
-          CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-          for (int c = 0; c < copies; ++c) {
-            args.weight.data = w_dev[c].data();
-            linear(args, opt);
+        for (const std::string& env_set : env_sets) {
+          // This entry's settings (NAME=VALUE, comma-separated), undone after its row.
+          std::vector<std::string> set_names;
+          for (size_t pos = 0; pos < env_set.size();) {
+            const size_t comma = env_set.find(',', pos);
+            const std::string item = env_set.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+            pos = comma == std::string::npos ? env_set.size() : comma + 1;
+            const size_t eq = item.find('=');
+            if (item.empty()) continue;
+            if (eq == std::string::npos) { std::fprintf(stderr, "--envs expects NAME=VALUE, got %s\n", item.c_str()); return 2; }
+            set_names.push_back(item.substr(0, eq));
+            setenv(set_names.back().c_str(), item.substr(eq + 1).c_str(), 1);
           }
-          CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-          CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-          CHECK_CUDA(cudaGraphLaunch(exec, stream));
+          CHECK_CUDA(cudaMemset(out.data(), 0xFF, out.bytes()));  // poison (NaN in bf16): each entry's output is checked
+          LinearArgs args;
+          args.x = x_dev.view;
+          // BF16 input: linear() computes dynamic scales itself; a static recipe still takes its scalar.
+          args.x_scale = bf16_input && !var.activation.is_static() ? TensorView{} : xs_dev.view;
+          args.activation = var.activation;
+          args.weight = fp4 ? TensorView::of(w_dev[0].data(), DType::U8, {n, k / 2}, kGpu)
+                            : TensorView::of(w_dev[0].data(), DType::F8_E4M3, {n, k}, kGpu);
+          args.weight_scale = ws_dev.view;
+          args.weight_recipe = var.weight;
+          args.out = TensorView::of(out.data(), DType::BF16, {m, n}, kGpu);
+          RunOptions opt{Backend::Cuda, stream};
+          opt.weights_static = weights_static;
+          linear(args, opt);
           CHECK_CUDA(cudaStreamSynchronize(stream));
-          std::vector<double> g;
-          for (int r = 0; r < 20; ++r) {
+          const double rel = bf16_input ? check_rows_bf16(args, xb, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n)
+                                        : check_rows(args, xq, xs_bytes, w_host, ws_bytes, m, n, k, check_rows_n);
+
+          // Events around single launches, cycling the weight copies.
+          const int iters = m >= 4096 ? 30 : 100;
+          std::vector<double> times;
+          for (int it = 0; it < iters + 5; ++it) {
+            args.weight.data = w_dev[it % copies].data();
             CHECK_CUDA(cudaEventRecord(e0, stream));
-            CHECK_CUDA(cudaGraphLaunch(exec, stream));
+            linear(args, opt);
             CHECK_CUDA(cudaEventRecord(e1, stream));
             CHECK_CUDA(cudaEventSynchronize(e1));
             float ms_ = 0;
             CHECK_CUDA(cudaEventElapsedTime(&ms_, e0, e1));
-            g.push_back(ms_ * 1e3 / copies);
+            if (it >= 5) times.push_back(ms_ * 1e3);
           }
-          us_graph = median(g);
-          CHECK_CUDA(cudaGraphExecDestroy(exec));
-          CHECK_CUDA(cudaGraphDestroy(graph));
+          const double us = median(times);
+          // Graph replay for decode-sized M: one graph of `copies` launches, timed over many replays.
+          double us_graph = 0;
+          if (m <= 128) {
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            for (int c = 0; c < copies; ++c) {
+              args.weight.data = w_dev[c].data();
+              linear(args, opt);
+            }
+            CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+            CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+            CHECK_CUDA(cudaGraphLaunch(exec, stream));
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            std::vector<double> g;
+            for (int r = 0; r < 20; ++r) {
+              CHECK_CUDA(cudaEventRecord(e0, stream));
+              CHECK_CUDA(cudaGraphLaunch(exec, stream));
+              CHECK_CUDA(cudaEventRecord(e1, stream));
+              CHECK_CUDA(cudaEventSynchronize(e1));
+              float ms_ = 0;
+              CHECK_CUDA(cudaEventElapsedTime(&ms_, e0, e1));
+              g.push_back(ms_ * 1e3 / copies);
+            }
+            us_graph = median(g);
+            CHECK_CUDA(cudaGraphExecDestroy(exec));
+            CHECK_CUDA(cudaGraphDestroy(graph));
+          }
+          const double flops = 2.0 * m * n * k;
+          const double bytes = static_cast<double>(m * k * (bf16_input ? 2 : 1) + w_bytes + m * n * 2);
+          const double best = us_graph > 0 ? std::min(us, us_graph) : us;
+          std::printf("{\"variant\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"us_graph\": %.3f, "
+                      "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d, \"input\": \"%s\", "
+                      "\"weights_static\": %s, \"env\": \"%s\"}\n",
+                      var.name.c_str(), (long long)m, (long long)n, (long long)k, us, us_graph, flops / best / 1e6,
+                      bytes / best / 1e3, rel, copies, bf16_input ? "bf16" : "e4m3", weights_static ? "true" : "false",
+                      env_set.c_str());
+          std::fflush(stdout);
+          for (const auto& name : set_names) unsetenv(name.c_str());
         }
-        const double flops = 2.0 * m * n * k;
-        const double bytes = static_cast<double>(m * k * (bf16_input ? 2 : 1) + w_bytes + m * n * 2);
-        const double best = us_graph > 0 ? std::min(us, us_graph) : us;
-        std::printf("{\"variant\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"us_graph\": %.3f, "
-                    "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d, \"input\": \"%s\", "
-                    "\"weights_static\": %s}\n",
-                    var.name.c_str(), (long long)m, (long long)n, (long long)k, us, us_graph, flops / best / 1e6,
-                    bytes / best / 1e3, rel, copies, bf16_input ? "bf16" : "e4m3", weights_static ? "true" : "false");
-        std::fflush(stdout);
       }
     }
   }

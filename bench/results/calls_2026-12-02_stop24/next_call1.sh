@@ -1,35 +1,33 @@
 #!/usr/bin/env bash
 # Next session's first call (after scripts/pack-prebuilt; cp this into .snap; carry [".snap"]): stop 24's unmeasured
-# split-K rule (one wave) against the old counts, wider tiles at M = 128, the no-promotion rate with 192x128 pairs,
-# the MoE grouped GEMM with 64-row tiles, then the linear tests that did not run at stop 24.
+# split-K rule (one wave) against the old counts, wider tiles at M = 128, the decode kernel at M = 64, the
+# no-promotion rate of 192x128 pairs (bench_cuda_linear --envs: every setting on the same data, each row checked
+# against the CPU reference), the MoE grouped GEMM with 64-row tiles, then the linear tests stop 24 did not rerun.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
 export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt
 s0=$(date +%s)
 W=$OUT/w; mkdir -p $W
-run() {  # name m n:k variant [env...]
-  local name=$1 m=$2 nk=$3 v=$4; shift 4
-  env "$@" FINEGEMM_PRINT_CONFIG=1 timeout 40 $B/bench/bench_cuda_linear --m $m --nk $nk --variants $v >$W/$name.txt 2>&1
-  echo "$name M=$m $nk $v $* :: $(grep -o -- '-> [^ ]*.*split_k=[0-9]*' $W/$name.txt | head -1) $(grep -o '"us": [0-9.]*\|"us_graph": [0-9.]*\|"tflops": [0-9.]*\|"rel_err": [-0-9.e]*' $W/$name.txt | head -4 | tr '\n' ' ') ($(( $(date +%s) - s0 )) s)"
+run() {  # name m n:k variant envs
+  FINEGEMM_PRINT_CONFIG=1 timeout 60 $B/bench/bench_cuda_linear --m $2 --nk $3 --variants $4 --envs "$5" >$W/$1.txt 2>$W/$1.err
+  echo "== $1 M=$2 $3 $4 rc=$? ($(( $(date +%s) - s0 )) s); configs: $(grep -o -- '-> .*' $W/$1.err | sort | uniq | tr '\n' '|')"
+  python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l)
+        print("  env=%-70s us=%8.2f graph=%7.2f tflops=%7.1f rel=%.2e" % (r["env"] or "default", r["us"], r["us_graph"], r["tflops"], r["rel_err"]))
+' $W/$1.txt
 }
 V=block-fp32-dynamic
-run s4096_new 128 4096:7168 $V
-run s4096_old 128 4096:7168 $V FINEGEMM_GEMM_CONFIG=128x64:3
-run s576_new 128 576:7168 $V
-run s576_old 128 576:7168 $V FINEGEMM_GEMM_CONFIG=128x64:15
-run s576m512_new 512 576:7168 $V
-run s576m512_old 512 576:7168 $V FINEGEMM_GEMM_CONFIG=128x64:4
-run w24576 128 24576:1536 $V
-run w24576_256 128 24576:1536 $V FINEGEMM_GEMM_CONFIG=128x256
-run w24576_128 128 24576:1536 $V FINEGEMM_GEMM_CONFIG=128x128
-run w32768 128 32768:512 $V
-run w32768_256 128 32768:512 $V FINEGEMM_GEMM_CONFIG=128x256
-run d64 64 7168:2048 $V
-run d64_dec 64 7168:2048 $V FINEGEMM_FP8_DECODE=1
-run np_c2 4096 7168:16384 channel-token FINEGEMM_GEMM_FP32_ACCUM=0 FINEGEMM_GEMM_CONFIG=192x128:1c2
-run np_c2a 4096 7168:16384 channel-token FINEGEMM_GEMM_FP32_ACCUM=0 FINEGEMM_GEMM_CONFIG=192x128:1c2a
-run np_1 4096 7168:16384 channel-token FINEGEMM_GEMM_FP32_ACCUM=0 FINEGEMM_GEMM_CONFIG=192x128
+run split4096 128 4096:7168 $V ';FINEGEMM_GEMM_CONFIG=128x64:3'
+run split576 128 576:7168 $V ';FINEGEMM_GEMM_CONFIG=128x64:15'
+run split576m512 512 576:7168 $V ';FINEGEMM_GEMM_CONFIG=128x64:4'
+run wide24576 128 24576:1536 $V ';FINEGEMM_GEMM_CONFIG=128x256;FINEGEMM_GEMM_CONFIG=128x128'
+run wide32768 128 32768:512 $V ';FINEGEMM_GEMM_CONFIG=128x256'
+run dec64 64 7168:2048 $V ';FINEGEMM_FP8_DECODE=1'
+run nopromote 4096 7168:16384 channel-token 'FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2a;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128'
 echo "bench: $(( $(date +%s) - s0 )) s"
 # The MoE row tail: 128-row tiles (default at >= 96 rows per expert) against 64-row ones.
 for bm in default 64; do
