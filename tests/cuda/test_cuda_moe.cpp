@@ -157,6 +157,34 @@ TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) {
   }
 }
 
+// The grouped GEMM's forced tile heights (FINEGEMM_GROUPED_BLOCK_M): 64-row tiles, and 192-row tiles of three
+// consumer warpgroups (E4M3 experts with 128-wide promotion or none; FP4 and 32-wide recipes fall back to 128). T = 77
+// (~38 rows per expert: one 192-row tile with two idle warpgroups) and 300 (~150: the third warpgroup partly filled).
+// Every recipe, on the grouped path; output poisoned.
+TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) {
+  const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
+  const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
+                              {MoeActivation::SwiGLU, 7.0f, false, true},
+                              {MoeActivation::SwiGLUOai, 7.0f, true, true},
+                              {MoeActivation::Silu, 0.0f, false, false}};
+  const auto recipes = all_recipes();
+  for (const char* height : {"64", "192"}) {
+    SCOPED_TRACE(std::string("FINEGEMM_GROUPED_BLOCK_M=") + height);
+    const testing::ScopedEnv forced("FINEGEMM_GROUPED_BLOCK_M", height);
+    for (size_t r = 0; r < recipes.size(); ++r) {
+      for (int64_t tokens : {77, 300}) {
+        const Variant& v = variants[(r + tokens) % 4];
+        const MoeProblem problem = small_problem(tokens, v);
+        const auto masters = tools::make_moe_masters(rng(), problem);
+        auto data = tools::make_moe(rng(), recipes[r], problem, masters);
+        const auto cmp = run_and_compare(data);
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipes[r].name << " T=" << tokens << " " << problem.variant()
+                                     << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
+      }
+    }
+  }
+}
+
 // Per-token activations through the GPU path (FINEGEMM_MOE_PER_TOKEN_GPU=1): gate_up stores F32 with the scales
 // and bias applied, one kernel applies the activation, the per-token quantizer takes each row's amax over all of I,
 // and down applies the routing weight. Every activation variant and both gate/up layouts; T = 1, 77, 300.

@@ -23,16 +23,24 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   sched.num_n_blocks = ceil_div(kEpilogue == Epilogue::ActRequant ? p.out_cols : p.n, tile_cols);
   sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k, /*grouped=*/true);
-  if (p.b_fp4) {
-    // FP4 experts: 32-wide promotion, fewer stages (the packed staging buffer shares the shared memory).
-    constexpr int kFp4Stages = BLOCK_N == 256 ? 3 : (BLOCK_M == 128 ? 4 : 6);
-    if (fp4_fold(p))  // one promotion per 128 where the K block's scales allow it
-      return launch_kernel<BLOCK_M, BLOCK_N, kFp4Stages, 128, kEpilogue, decltype(sched), true>(a, b, p, sched, grid, stream);
-    return launch_kernel<BLOCK_M, BLOCK_N, kFp4Stages, 32, kEpilogue, decltype(sched), true>(a, b, p, sched, grid, stream);
+  if constexpr (BLOCK_M == 192) {
+    // Three consumer warpgroups: E4M3 experts with 128-wide promotion or none (the host picks 192 only for those).
+    if (p.b_fp4 || (promote && p.promote_k % 128 != 0))
+      throw Error(ErrorKind::Runtime, "grouped gemm: 192-row tiles take E4M3 experts with 128-wide promotion or none");
+    if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
+    return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue>(a, b, p, sched, grid, stream);
+  } else {
+    if (p.b_fp4) {
+      // FP4 experts: 32-wide promotion, fewer stages (the packed staging buffer shares the shared memory).
+      constexpr int kFp4Stages = BLOCK_N == 256 ? 3 : (BLOCK_M == 128 ? 4 : 6);
+      if (fp4_fold(p))  // one promotion per 128 where the K block's scales allow it
+        return launch_kernel<BLOCK_M, BLOCK_N, kFp4Stages, 128, kEpilogue, decltype(sched), true>(a, b, p, sched, grid, stream);
+      return launch_kernel<BLOCK_M, BLOCK_N, kFp4Stages, 32, kEpilogue, decltype(sched), true>(a, b, p, sched, grid, stream);
+    }
+    if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
+    if (p.promote_k % 128 == 0) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue>(a, b, p, sched, grid, stream);
+    return launch_kernel<BLOCK_M, BLOCK_N, kStages, 32, kEpilogue>(a, b, p, sched, grid, stream);
   }
-  if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
-  if (p.promote_k % 128 == 0) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue>(a, b, p, sched, grid, stream);
-  return launch_kernel<BLOCK_M, BLOCK_N, kStages, 32, kEpilogue>(a, b, p, sched, grid, stream);
 }
 
 }  // namespace
@@ -61,13 +69,17 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   const int num_sms = num_sms_of_device(device);
   // NOTE: 128-row tiles once experts average a full tile of rows (prefill); 64 at decode.
   int block_m = layout.expected_rows_per_group >= 96 ? 128 : 64;
-  // FINEGEMM_GROUPED_BLOCK_M=64 / 128 forces the tile height (to measure the row tail of each expert: 128-row tiles
-  // leave up to 127 rows of the last tile empty, 64-row tiles up to 63).
+  // FINEGEMM_GROUPED_BLOCK_M=64 / 128 / 192 forces the tile height (to measure the row tail of each expert:
+  // 128-row tiles leave up to 127 rows of the last tile empty, 64-row tiles up to 63; 192-row tiles hold 129..192
+  // rows in one tile of three consumer warpgroups, an idle one skipped). 192 serves the Store epilogue with E4M3
+  // experts and 128-wide promotion or none; elsewhere it falls back to 128.
   if (const char* forced = std::getenv("FINEGEMM_GROUPED_BLOCK_M"); forced && *forced) {
     const int v = std::atoi(forced);
-    if (v != 64 && v != 128)
-      throw Error(std::string("FINEGEMM_GROUPED_BLOCK_M: expected 64 or 128, got '") + forced + "'");
-    block_m = v;
+    if (v != 64 && v != 128 && v != 192)
+      throw Error(std::string("FINEGEMM_GROUPED_BLOCK_M: expected 64, 128 or 192, got '") + forced + "'");
+    const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k, /*grouped=*/true);
+    const bool fits_192 = epilogue == Epilogue::Store && !p.b_fp4 && (!promote || p.promote_k % 128 == 0);
+    block_m = v == 192 && !fits_192 ? 128 : v;
   }
   // The fused activation needs whole requantization groups (128 intermediate columns) in one tile: 256 B rows.
   const int block_n = epilogue == Epilogue::ActRequant ? 256 : 128;
@@ -81,6 +93,7 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   p.workspace = nullptr;
   if (epilogue == Epilogue::Store) {
     if (block_m == 64) return launch_grouped_config<64, 128, 8, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
+    if (block_m == 192) return launch_grouped_config<192, 128, 5, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
     return launch_grouped_config<128, 128, 6, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
   }
   if (block_m == 64) return launch_grouped_config<64, 256, 4, Epilogue::ActRequant>(tma_a, tma_b, p, layout, num_sms, stream);
