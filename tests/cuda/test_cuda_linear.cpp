@@ -421,6 +421,36 @@ TEST_F(CudaTest, LeanEpilogueSameBits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// The lean epilogue's wide stores (FINEGEMM_GEMM_WIDE_STORES=1, off by default): each quad of lanes transposes its
+// chunks by shuffles and a lane stores eight columns at once; same values, so the same bits as the default stores.
+// Every tile shape (clusters too), BF16 / F16 / F32 outputs, a partial last row block (M = 200) and a partial last
+// column tile (N = 1000: 104 columns of the last 128-wide tile, part of a chunk group); checked against the reference
+// once per recipe.
+TEST_F(CudaTest, WideStoresSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[9]};
+  for (const char* config : {"", "64x64:1", "128x64:1", "128x128:1", "128x192:1", "192x128:1", "192x128:1c2",
+                             "192x128:1c2a", "128x128:1c2"}) {
+    const testing::ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+    for (const auto& recipe : kinds) {
+      const bool promote128 = cuda::promotion_k(recipe.weight, recipe.activation) % 128 == 0;
+      const std::string cfg(config);
+      if ((cfg.rfind("192", 0) == 0 || cfg.find("c2") != std::string::npos) && !promote128) continue;
+      for (DType out : {DType::BF16, DType::F16, DType::F32}) {
+        const int64_t m = 200, n = 1000, k = 640;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, out, false);
+        const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_WIDE_STORES", c.args);
+        EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " out=" << dtype_name(out);
+        if (out != DType::BF16 || *config) continue;
+        const Buffer ref = run_reference(c.args, out, m, n);
+        const auto cmp = testing::compare(runs.on, ref);
+        EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+        EXPECT_LE(cmp.rel, 3e-3) << recipe.name;
+      }
+    }
+  }
+}
+
 // Warpgroups whose 64 rows all lie past M skip the tile's wgmma: M = 40 (every warpgroup but the first), M = 130
 // (warpgroup 1 of the second 128-row tile), M = 200 (warpgroups 1 and 2 of the second 192-row tile). The same bits as
 // FINEGEMM_GEMM_SKIP_IDLE=0, and the reference's values. 128x128 runs with pingpong off (pingpong ordering keeps

@@ -272,9 +272,9 @@ TEST_F(CudaMoe, SkewedRoutingEmptyExpertsAndOneExpertTakesAll) {
   }
 }
 
-// The down GEMM's lean Store epilogue (routing weights as row weights) and the gate_up kernel's idle-warpgroup
-// skipping (T = 300 over 16 experts leaves partial 128-row tiles): the same bits with each switched off, for
-// bf16 and fp16 outputs, and within tolerance of the reference.
+// The down GEMM's lean Store epilogue (routing weights as row weights), its wide stores, and the gate_up kernel's
+// idle-warpgroup skipping (T = 300 over 16 experts leaves partial 128-row tiles): the same bits with each switched
+// away from its default, for bf16 and fp16 outputs, and within tolerance of the reference.
 TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
   for (DType out_dtype : {DType::BF16, DType::F16}) {
     MoeProblem problem;
@@ -290,12 +290,16 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
     const auto cmp = run_and_compare(data, &on);
     EXPECT_EQ(cmp.non_finite, 0) << dtype_name(out_dtype);
     EXPECT_LE(cmp.rel, 1e-2) << dtype_name(out_dtype);
-    for (const char* env : {"FINEGEMM_GEMM_LEAN_EPILOGUE", "FINEGEMM_GEMM_SKIP_IDLE"}) {
-      setenv(env, "0", 1);
+    // Each switch away from its default (the wide stores: on; their F32 path runs in the unfused gate_up).
+    const std::pair<const char*, const char*> switches[] = {
+        {"FINEGEMM_GEMM_LEAN_EPILOGUE", "0"}, {"FINEGEMM_GEMM_SKIP_IDLE", "0"}, {"FINEGEMM_GEMM_WIDE_STORES", "1"}};
+    for (const auto& [env, value] : switches) {
+      setenv(env, value, 1);
       HostTensor off;
       run_and_compare(data, &off);
       unsetenv(env);
-      EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size())) << env << " " << dtype_name(out_dtype);
+      EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size())) << env << "=" << value << " "
+                                                                                   << dtype_name(out_dtype);
     }
   }
 }

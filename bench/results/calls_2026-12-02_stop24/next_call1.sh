@@ -2,7 +2,8 @@
 # Next session's first call (after scripts/pack-prebuilt; cp this into .snap; carry [".snap"]): stop 24's unmeasured
 # split-K rule (one wave) against the old counts, wider tiles at M = 128, the decode kernel at M = 64, the
 # no-promotion rate of 192x128 pairs (bench_cuda_linear --envs: every setting on the same data, each row checked
-# against the CPU reference), the MoE grouped GEMM with 64- and 192-row tiles, then the linear tests stop 24 did not rerun.
+# against the CPU reference), the wide lean stores, the MoE grouped GEMM with 64- and 192-row tiles and with wide
+# stores, then the linear tests stop 24 did not rerun.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
 export FINEGEMM_PREBUILT=.prebuilt
@@ -28,12 +29,18 @@ run wide24576 128 24576:1536 $V ';FINEGEMM_GEMM_CONFIG=128x256;FINEGEMM_GEMM_CON
 run wide32768 128 32768:512 $V ';FINEGEMM_GEMM_CONFIG=128x256'
 run dec64 64 7168:2048 $V ';FINEGEMM_FP8_DECODE=1'
 run nopromote 4096 7168:16384 channel-token 'FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2a;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128'
+# The wide lean stores (FINEGEMM_GEMM_WIDE_STORES=1, off by default): same bits first, then the short-K shapes.
+timeout 120 $B/tests/test_cuda_linear --gtest_filter='*WideStoresSameBits*' >$W/test_wide.txt 2>&1
+echo "wide-stores test rc=$? $(grep -E '^\[  (PASSED|FAILED)' $W/test_wide.txt | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_wide.txt | head -8
+for nk in 32768:512 24576:1536 7168:2048 7168:16384; do
+  run wide_${nk/:/_} 4096 $nk $V ';FINEGEMM_GEMM_WIDE_STORES=1'
+done
 echo "bench: $(( $(date +%s) - s0 )) s"
 # The MoE row tail: 128-row tiles (default at >= 96 rows per expert) against 64- and 192-row ones (tested first).
-timeout 90 $B/tests/test_cuda_moe --gtest_filter='*GroupedTileHeights*' >$W/test_heights.txt 2>&1
+timeout 120 $B/tests/test_cuda_moe --gtest_filter='*GroupedTileHeights*:*LeanEpilogueAndIdleSkip*' >$W/test_heights.txt 2>&1
 echo "tile-height test rc=$? $(grep -E '^\[  (PASSED|FAILED)' $W/test_heights.txt | tr '\n' ' ')"; grep -E "Failure|rel=" $W/test_heights.txt | head -6
-for bm in default 64 192; do
-  env $( [ $bm != default ] && echo FINEGEMM_GROUPED_BLOCK_M=$bm ) timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3,qwen3-30b-a3b --tokens 2048,4096 --recipes dynamic --check-tokens 4 >$W/moe_bm$bm.jsonl 2>$W/moe_bm$bm.err
+for bm in default 64 192 wide; do
+  env $( [ $bm = wide ] && echo FINEGEMM_GEMM_WIDE_STORES=1 ) $( [ $bm != default ] && [ $bm != wide ] && echo FINEGEMM_GROUPED_BLOCK_M=$bm ) timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3,qwen3-30b-a3b --tokens 2048,4096 --recipes dynamic --check-tokens 4 >$W/moe_bm$bm.jsonl 2>$W/moe_bm$bm.err
   echo "moe block_m=$bm rc=$? :: $(grep -o '"layer": "[a-z0-9-]*"\|"T": [0-9]*\|"layer_us": [0-9.]*\|"gemm_tflops": [0-9.]*\|"check": "[a-z]*"' $W/moe_bm$bm.jsonl | tr '\n' ' ') ($(( $(date +%s) - s0 )) s)"
 done
 left=$(( 560 - $(date +%s) + s0 ))

@@ -36,6 +36,11 @@ struct GemmParams {
   // The Store epilogue's lean loop for outputs without column scale or bias (sm90_fp8_gemm.cuh). On unless
   // FINEGEMM_GEMM_LEAN_EPILOGUE=0.
   bool lean_epilogue = true;
+  // The lean loop's stores 16 bytes wide: each quad of lanes transposes its four 8-column chunks by shuffles, so that
+  // a lane writes eight consecutive columns (one store per chunk group and row, whole 32-byte sectors) where it wrote
+  // two. Same values. Set by apply_env_switches where FINEGEMM_GEMM_WIDE_STORES=1 and the output allows it (16-byte
+  // aligned rows, N a multiple of 8); off until measured on the H200.
+  bool wide_stores = false;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while

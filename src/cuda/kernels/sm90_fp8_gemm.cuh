@@ -88,6 +88,40 @@ __device__ __forceinline__ int tile_b_row(const GemmParams& p, int n_block, int 
   return n_block * BLOCK_N + i;
 }
 
+// The wide lean stores (GemmParams::wide_stores): the 4 x 4 words of a quad of lanes transposed, lane t ending with
+// word t of every lane (lane t's word j = lane j's word t before), in two butterfly steps (xor 1, then xor 2) that
+// each swap the off-diagonal 2 x 2 blocks: four shuffles per 32-bit word set.
+__device__ __forceinline__ uint32_t shfl_xor_word(uint32_t v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+__device__ __forceinline__ uint2 shfl_xor_word(uint2 v, int mask) {
+  return make_uint2(__shfl_xor_sync(0xffffffffu, v.x, mask), __shfl_xor_sync(0xffffffffu, v.y, mask));
+}
+template <typename W>
+__device__ __forceinline__ void quad_transpose(W (&a)[4], int lane) {
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {
+    // Pairs (j, j | m): the lane with bit m set trades its word j for the partner's word j | m.
+    const bool set = lane & m;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j & m) continue;
+      const W got = shfl_xor_word(set ? a[j] : a[j | m], m);
+      if (set) a[j] = got;
+      else a[j | m] = got;
+    }
+  }
+}
+// Two values rounded to a 16-bit pair (element 0 in the low half), as __floats2bfloat162_rn / __floats2half2_rn.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
 // Eight E2M1 codes (a 32-bit word, element 0 in the low nibble) → eight E4M3 bytes. Exact: every E2M1 value is an
 // E4M3 value. Two halves of e2m1x4_to_e4m3x4 (fp4_expand.hpp, proven on every input by test_fp4_expand): eleven
 // instructions per eight codes (the sign bits moved by a byte permute; they were moved by masks and shifts, about
@@ -864,6 +898,45 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             const bool in0 = row0 < tile.m_end, in1 = row1 < tile.m_end;
             auto lean_store = [&](auto* out) {
               using T = std::remove_pointer_t<decltype(out)>;
+              if (p.wide_stores) {
+                // Per group of four chunks and per row, the quad's 4 x 4 words (word j of lane t: columns 2t, 2t + 1
+                // of chunk j) transposed (quad_transpose), so that lane t holds chunk t's eight columns: one 16-byte
+                // store (two for F32) per group and row. Same values as below.
+                const int tile_col0 = tile.n_block * BLOCK_N;
+#pragma unroll
+                for (int g = 0; g < BLOCK_N / 32; ++g) {
+                  const int col = tile_col0 + (4 * g + quad) * 8;
+#pragma unroll
+                  for (int r = 0; r < 2; ++r) {
+                    const float rs = r ? rs1 : rs0, w = r ? w1 : w0;
+                    float v[8];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                      v[2 * j] = __fmul_rn(__fadd_rn(__fmul_rn(result[(4 * g + j) * 4 + 2 * r], rs), 0.0f), w);
+                      v[2 * j + 1] = __fmul_rn(__fadd_rn(__fmul_rn(result[(4 * g + j) * 4 + 2 * r + 1], rs), 0.0f), w);
+                    }
+                    const bool in = (r ? in1 : in0) && col < p.n;  // N % 8 == 0: the whole chunk is in range
+                    T* dst = out + (r ? off1 : off0) - col_in_chunk + (4 * g + quad) * 8;  // row r, column col
+                    if constexpr (std::is_same_v<T, float>) {
+                      uint2 words[4];
+#pragma unroll
+                      for (int j = 0; j < 4; ++j) words[j] = make_uint2(__float_as_uint(v[2 * j]), __float_as_uint(v[2 * j + 1]));
+                      quad_transpose(words, lane);
+                      if (in) {
+                        reinterpret_cast<uint4*>(dst)[0] = make_uint4(words[0].x, words[0].y, words[1].x, words[1].y);
+                        reinterpret_cast<uint4*>(dst)[1] = make_uint4(words[2].x, words[2].y, words[3].x, words[3].y);
+                      }
+                    } else {
+                      uint32_t words[4];
+#pragma unroll
+                      for (int j = 0; j < 4; ++j) words[j] = pack_pair<T>(v[2 * j], v[2 * j + 1]);
+                      quad_transpose(words, lane);
+                      if (in) *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+                    }
+                  }
+                }
+                return;
+              }
 #pragma unroll
               for (int c = 0; c < BLOCK_N / 8; ++c) {
                 if (c * 8 >= cols_left) continue;

@@ -118,6 +118,7 @@ inline bool fp4_fold(const GemmParams& p) {
 //   M=512 N=7168 K=16384 749 -> 788; the MoE down GEMM (DeepSeek-V3, T=4096) 1823 -> 1698 us. 128x64: M=4096
 //   N=2112 K=7168 628 -> 664, M=512 569 -> 575, M=128 575 -> 569.
 // - fp4_batched_expand (off until run on the H200; FINEGEMM_FP4_BATCHED_EXPAND=1).
+// - wide_stores (off until run on the H200; FINEGEMM_GEMM_WIDE_STORES=1, where the output's alignment allows it).
 inline void apply_env_switches(GemmParams& p) {
   p.pingpong = env_switch("FINEGEMM_GEMM_PINGPONG", true);
   p.chunk_scales = env_switch("FINEGEMM_GEMM_CHUNK_SCALES", true);
@@ -126,6 +127,9 @@ inline void apply_env_switches(GemmParams& p) {
   p.double_acc = env_switch("FINEGEMM_GEMM_DOUBLE_ACC", true);
   if (const char* run = std::getenv("FINEGEMM_GEMM_DOUBLE_RUN"); run && std::strcmp(run, "8") == 0) p.double_acc_run = 8;
   p.fp4_batched_expand = env_switch("FINEGEMM_FP4_BATCHED_EXPAND", false);
+  const int64_t out_elem = p.out_dtype == OutDType::F32 ? 4 : 2;
+  p.wide_stores = env_switch("FINEGEMM_GEMM_WIDE_STORES", false) && p.out != nullptr &&
+                  reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && (p.ldo * out_elem) % 16 == 0 && p.n % 8 == 0;
 }
 
 // Recipes without K-granular scales (per-tensor, per-channel, per-token) run the promoting kernels with unit scales
