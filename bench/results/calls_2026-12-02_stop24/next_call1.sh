@@ -44,7 +44,7 @@ for bm in default 64 192 wide; do
   echo "moe block_m=$bm rc=$? :: $(grep -o '"layer": "[a-z0-9-]*"\|"T": [0-9]*\|"layer_us": [0-9.]*\|"gemm_tflops": [0-9.]*\|"check": "[a-z]*"' $W/moe_bm$bm.jsonl | tr '\n' ' ') ($(( $(date +%s) - s0 )) s)"
 done
 # FP4 experts at T = 4096: in-kernel expansion (default) against the touched experts expanded to E4M3 first (the FP8
-# grouped path is 2.4x faster since the unfused gate_up).
+# layer took 5.6 ms against FP4's 13.5 at stop 24).
 for x in default 64; do
   env $( [ $x != default ] && echo FINEGEMM_FP4_EXPAND_GROUPED_ROWS=$x ) timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 4 >$W/moe_fp4x$x.jsonl 2>$W/moe_fp4x$x.err
   echo "moe fp4 expand=$x rc=$? :: $(grep -o '"layer_us": [0-9.]*\|"gemm_tflops": [0-9.]*\|"check": "[a-z]*"' $W/moe_fp4x$x.jsonl | tr '\n' ' ') ($(( $(date +%s) - s0 )) s)"
