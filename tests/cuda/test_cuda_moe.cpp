@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <utility>
 
 #include "cli_util.hpp"
@@ -87,6 +88,11 @@ struct Variant {
   bool interleaved;
   bool bias;
 };
+// Both gate/up layouts, with and without a limit and a bias, and a no-gate activation.
+const Variant kVariants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
+                             {MoeActivation::SwiGLU, 7.0f, false, true},
+                             {MoeActivation::SwiGLUOai, 7.0f, true, true},
+                             {MoeActivation::Silu, 0.0f, false, false}};
 
 // A small block (H = 256, 8 experts, top 4) in one activation variant.
 // NOTE: one token's output rests on few E4M3 codes of the intermediate; a single rounding flip between the GPU's
@@ -108,10 +114,7 @@ MoeProblem small_problem(int64_t tokens, const Variant& v) {
 }
 
 TEST_F(CudaMoe, EveryRecipeMatchesReference) {
-  const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
-                              {MoeActivation::SwiGLU, 7.0f, false, true},
-                              {MoeActivation::SwiGLUOai, 7.0f, true, true},
-                              {MoeActivation::Silu, 0.0f, false, false}};
+  const auto& variants = kVariants;
   const auto recipes = all_recipes();
   for (size_t r = 0; r < recipes.size(); ++r) {
     const auto& recipe = recipes[r];
@@ -129,24 +132,17 @@ TEST_F(CudaMoe, EveryRecipeMatchesReference) {
   }
 }
 
-// The gate_up unfused (the default: gate_up stores F32 on the Store path's tiles, then one pass applies the
-// activation and requantizes the intermediate in groups or with the experts' static scales,
-// moe_activation_quantize_kernel) and fused (FINEGEMM_MOE_UNFUSED=0: both in the GEMM's epilogue). Every recipe,
-// every activation variant and both gate/up layouts, on the grouped path (the decode path off); output poisoned.
-TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) {
-  for (const char* unfused_env : {"1", "0"}) {
-    SCOPED_TRACE(std::string("FINEGEMM_MOE_UNFUSED=") + unfused_env);
-    const testing::ScopedEnv unfused("FINEGEMM_MOE_UNFUSED", unfused_env);
-    const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
-    const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
-                                {MoeActivation::SwiGLU, 7.0f, false, true},
-                                {MoeActivation::SwiGLUOai, 7.0f, true, true},
-                                {MoeActivation::Silu, 0.0f, false, false}};
-    const auto recipes = all_recipes();
+// Every recipe on the grouped path (the decode path off) with `env` set to each of `values`: T = 77 and 300, the
+// activation variants rotating over the recipes; output poisoned, checked against the reference.
+void every_recipe_on_grouped_path(const char* env, std::initializer_list<const char*> values) {
+  const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
+  const auto recipes = all_recipes();
+  for (const char* value : values) {
+    SCOPED_TRACE(std::string(env) + "=" + value);
+    const testing::ScopedEnv forced(env, value);
     for (size_t r = 0; r < recipes.size(); ++r) {
       for (int64_t tokens : {77, 300}) {
-        const Variant& v = variants[(r + tokens) % 4];
-        const MoeProblem problem = small_problem(tokens, v);
+        const MoeProblem problem = small_problem(tokens, kVariants[(r + tokens) % 4]);
         const auto masters = tools::make_moe_masters(rng(), problem);
         auto data = tools::make_moe(rng(), recipes[r], problem, masters);
         const auto cmp = run_and_compare(data);
@@ -157,33 +153,16 @@ TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) {
   }
 }
 
+// The gate_up unfused (the default: gate_up stores F32 on the Store path's tiles, then one pass applies the
+// activation and requantizes the intermediate in groups or with the experts' static scales,
+// moe_activation_quantize_kernel) and fused (FINEGEMM_MOE_UNFUSED=0: both in the GEMM's epilogue). Every recipe,
+// every activation variant and both gate/up layouts.
+TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_MOE_UNFUSED", {"1", "0"}); }
+
 // The grouped GEMM's forced tile heights (FINEGEMM_GROUPED_BLOCK_M): 64-row tiles, and 192-row tiles of three
 // consumer warpgroups (E4M3 experts with 128-wide promotion or none; FP4 and 32-wide recipes fall back to 128). T = 77
 // (~38 rows per expert: one 192-row tile with two idle warpgroups) and 300 (~150: the third warpgroup partly filled).
-// Every recipe, on the grouped path; output poisoned.
-TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) {
-  const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
-  const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
-                              {MoeActivation::SwiGLU, 7.0f, false, true},
-                              {MoeActivation::SwiGLUOai, 7.0f, true, true},
-                              {MoeActivation::Silu, 0.0f, false, false}};
-  const auto recipes = all_recipes();
-  for (const char* height : {"64", "192"}) {
-    SCOPED_TRACE(std::string("FINEGEMM_GROUPED_BLOCK_M=") + height);
-    const testing::ScopedEnv forced("FINEGEMM_GROUPED_BLOCK_M", height);
-    for (size_t r = 0; r < recipes.size(); ++r) {
-      for (int64_t tokens : {77, 300}) {
-        const Variant& v = variants[(r + tokens) % 4];
-        const MoeProblem problem = small_problem(tokens, v);
-        const auto masters = tools::make_moe_masters(rng(), problem);
-        auto data = tools::make_moe(rng(), recipes[r], problem, masters);
-        const auto cmp = run_and_compare(data);
-        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipes[r].name << " T=" << tokens << " " << problem.variant()
-                                     << " rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
-      }
-    }
-  }
-}
+TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "192"}); }
 
 // Per-token activations through the GPU path (FINEGEMM_MOE_PER_TOKEN_GPU=1): gate_up stores F32 with the scales
 // and bias applied, one kernel applies the activation, the per-token quantizer takes each row's amax over all of I,
