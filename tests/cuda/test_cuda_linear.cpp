@@ -421,7 +421,7 @@ TEST_F(CudaTest, LeanEpilogueSameBits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
-// The lean epilogue's wide stores (FINEGEMM_GEMM_WIDE_STORES=1, off by default): each quad of lanes transposes its
+// The lean epilogue's wide stores (FINEGEMM_GEMM_WIDE_STORES, on by default for dense calls): each quad of lanes transposes its
 // chunks by shuffles and a lane stores eight columns at once; same values, so the same bits as the default stores.
 // Every tile shape (clusters too), BF16 / F16 / F32 outputs, a partial last row block (M = 200) and a partial last
 // column tile (N = 1000: 104 columns of the last 128-wide tile, part of a chunk group); checked against the reference

@@ -159,10 +159,11 @@ void every_recipe_on_grouped_path(const char* env, std::initializer_list<const c
 // every activation variant and both gate/up layouts.
 TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_MOE_UNFUSED", {"1", "0"}); }
 
-// The grouped GEMM's forced tile heights (FINEGEMM_GROUPED_BLOCK_M): 64-row tiles, and 192-row tiles of three
-// consumer warpgroups (E4M3 experts with 128-wide promotion or none; FP4 and 32-wide recipes fall back to 128). T = 77
+// The grouped GEMM's forced tile heights (FINEGEMM_GROUPED_BLOCK_M): 64- and 128-row tiles, and 192-row tiles of three
+// consumer warpgroups (the default from 48 rows per expert for E4M3 experts with 128-wide promotion or none; FP4 and
+// 32-wide recipes fall back to 128). T = 77
 // (~38 rows per expert: one 192-row tile with two idle warpgroups) and 300 (~150: the third warpgroup partly filled).
-TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "192"}); }
+TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "128", "192"}); }
 
 // Per-token activations through the GPU path (FINEGEMM_MOE_PER_TOKEN_GPU=1): gate_up stores F32 with the scales
 // and bias applied, one kernel applies the activation, the per-token quantizer takes each row's amax over all of I,
@@ -269,7 +270,8 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
     const auto cmp = run_and_compare(data, &on);
     EXPECT_EQ(cmp.non_finite, 0) << dtype_name(out_dtype);
     EXPECT_LE(cmp.rel, 1e-2) << dtype_name(out_dtype);
-    // Each switch away from its default (the wide stores: on; their F32 path runs in the unfused gate_up).
+    // Each switch away from its default (the wide stores, off on the grouped path: on; their F32 path runs in the
+    // unfused gate_up).
     const std::pair<const char*, const char*> switches[] = {
         {"FINEGEMM_GEMM_LEAN_EPILOGUE", "0"}, {"FINEGEMM_GEMM_SKIP_IDLE", "0"}, {"FINEGEMM_GEMM_WIDE_STORES", "1"}};
     for (const auto& [env, value] : switches) {

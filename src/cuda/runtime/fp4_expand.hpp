@@ -52,7 +52,8 @@ class Fp4Expansion {
 };
 
 // Dense FP4 calls expand at M ≥ FINEGEMM_FP4_EXPAND_M (default 256; 0: never). Grouped FP4 calls expand when the
-// experts average at least FINEGEMM_FP4_EXPAND_GROUPED_ROWS rows (default 0: never, until measured on the H200).
+// experts average at least FINEGEMM_FP4_EXPAND_GROUPED_ROWS rows (default 128; 0: never). Measured on the H200 (stop
+// 25, DeepSeek-V3 FP4 experts, T=4096, 128 rows per expert): 13117 us in-kernel expansion, 12534 us expanded first.
 bool fp4_expand_wanted(const GemmParams& p);
 bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group);
 

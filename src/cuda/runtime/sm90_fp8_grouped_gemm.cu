@@ -48,7 +48,7 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                                   Epilogue epilogue, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || layout.num_groups == 0) return;
-  apply_env_switches(p);
+  apply_env_switches(p, /*grouped=*/true);
   if (layout.num_groups > kMaxGroupedExperts)
     throw Error("num_experts: the grouped GEMM takes at most " + std::to_string(kMaxGroupedExperts) + " experts, got " +
                 std::to_string(layout.num_groups));
@@ -67,18 +67,21 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int num_sms = num_sms_of_device(device);
-  // NOTE: 128-row tiles once experts average a full tile of rows (prefill); 64 at decode.
-  int block_m = layout.expected_rows_per_group >= 96 ? 128 : 64;
-  // FINEGEMM_GROUPED_BLOCK_M=64 / 128 / 192 forces the tile height (to measure the row tail of each expert:
-  // 128-row tiles leave up to 127 rows of the last tile empty, 64-row tiles up to 63; 192-row tiles hold 129..192
-  // rows in one tile of three consumer warpgroups, an idle one skipped). 192 serves the Store epilogue with E4M3
-  // experts and 128-wide promotion or none; elsewhere it falls back to 128.
+  // Tile height. 192-row tiles (three consumer warpgroups, an idle one skipping its wgmma) where they serve the call:
+  // the Store epilogue, E4M3 experts, 128-wide promotion or none. They hold an expert of up to 192 rows in one tile,
+  // so each expert's weights stream once where 128-row tiles would stream them twice for 129..256 rows. Measured on
+  // the H200 (stop 25, bench_cuda_moe, layer µs, 64 / 128 / 192-row tiles): DeepSeek-V3 T=2048 (64 rows per expert)
+  // 4319 / - / 3740, T=4096 7072 / 5427 / 4700; Qwen3-30B-A3B T=2048 508 / 457 / 407, T=4096 869 / 730 / 671.
+  // Elsewhere 128-row tiles once experts average a full tile of rows (prefill), 64 below.
+  const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k, /*grouped=*/true);
+  const bool fits_192 = epilogue == Epilogue::Store && !p.b_fp4 && (!promote || p.promote_k % 128 == 0);
+  int block_m = fits_192 && layout.expected_rows_per_group >= 48 ? 192 : layout.expected_rows_per_group >= 96 ? 128 : 64;
+  // FINEGEMM_GROUPED_BLOCK_M=64 / 128 / 192 forces the tile height (comparisons); 192 falls back to 128 where it does
+  // not serve the call.
   if (const char* forced = std::getenv("FINEGEMM_GROUPED_BLOCK_M"); forced && *forced) {
     const int v = std::atoi(forced);
     if (v != 64 && v != 128 && v != 192)
       throw Error(std::string("FINEGEMM_GROUPED_BLOCK_M: expected 64, 128 or 192, got '") + forced + "'");
-    const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k, /*grouped=*/true);
-    const bool fits_192 = epilogue == Epilogue::Store && !p.b_fp4 && (!promote || p.promote_k % 128 == 0);
     block_m = v == 192 && !fits_192 ? 128 : v;
   }
   // The fused activation needs whole requantization groups (128 intermediate columns) in one tile: 256 B rows.
