@@ -142,11 +142,11 @@ INSTANTIATE_TEST_SUITE_P(AllRecipes, CudaLinearRecipes,
                          ::testing::Combine(::testing::Range(0, static_cast<int>(all_recipes().size())),
                                             ::testing::Range(0, 5)));
 
-// E4M3 weights in the decode kernel (the default at M ≤ 32, and to 64 at K ≥ 8192; FINEGEMM_FP8_DECODE=1 here): every
-// recipe it serves (block scales constant over 64-row tiles and 128 of K; activation scales over 128 or none),
-// M = 1..64, N and K tails, split-K
-// forced to 1 and 3 and the heuristic's, against the CPU reference on a poisoned output; the recipes it does not
-// serve take the general kernel under the same switch and must match too.
+// E4M3 weights in the decode kernel (the default at M ≤ 32, M ≤ 8 at K ≤ 512, and to 64 at K ≥ 8192;
+// FINEGEMM_FP8_DECODE=1 here): every recipe it serves (block scales constant over 64-row tiles and 128 of K; activation
+// scales over 128 or none), M = 1..64, N and K tails, split-K forced to 1 and 3 and the heuristic's, against the CPU
+// reference on a poisoned output; the recipes it does not serve take the general kernel under the same switch and
+// must match too.
 TEST_F(CudaTest, Fp8WeightsInTheDecodeKernel) {
   // M 1..64 over the four token widths; N and K tails (K % 128 != 0 where the recipe allows it).
   const int64_t shapes[][3] = {{1, 256, 512}, {7, 320, 1152}, {16, 136, 384}, {33, 200, 2048}, {64, 576, 1536}};
@@ -330,6 +330,12 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
       EXPECT_EQ(c.grid, (n + 63) / 64 * split) << n << "x" << k;  // every unit in one wave
       EXPECT_LE(c.grid, 132) << n << "x" << k;
     }
+    // At M = 64 the split-K partials count as bytes moved: N = 7168 K = 2048 took 8 splits of 64x64 tiles, whose
+    // F32 partials outweighed the weights (stop 25); now one wave of 112 tiles without splits.
+    const auto decode64 = cuda::choose_gemm_config(64, 7168, 2048, 128, 132);
+    EXPECT_EQ(decode64.block_m, 64);
+    EXPECT_EQ(decode64.split_k, 1);
+    EXPECT_LE(decode64.grid, 132);
     const auto square = cuda::choose_gemm_config(4096, 4096, 7168, 128, 132);  // two accumulator sets win here
     EXPECT_EQ(square.block_m, 128);
     EXPECT_EQ(square.block_n, 128);

@@ -28,7 +28,7 @@ bool fp4_expand_wanted(const GemmParams& p) {
 }
 
 bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group) {
-  const long min_rows = env_long("FINEGEMM_FP4_EXPAND_GROUPED_ROWS", 128);
+  const long min_rows = env_long("FINEGEMM_FP4_EXPAND_GROUPED_ROWS", 64);
   return expandable(p) && min_rows > 0 && expected_rows_per_group >= min_rows;
 }
 

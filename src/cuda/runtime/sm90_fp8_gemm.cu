@@ -132,8 +132,12 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   const int num_kb = std::max(1, ceil_div(k, kGemmBlockK));
   c.block_m = m <= 64 ? 64 : 128;
   if (m <= 64) {
-    // Decode is bound by streaming B: pick the tile width and split-K that minimise the bytes the busiest SM
-    // streams (waves × K blocks per split × BLOCK_N), preferring fewer splits (each costs a partial write-back).
+    // Decode is bound by streaming B: pick the tile width and split-K that minimise the bytes the busiest SM moves,
+    // waves × BLOCK_N × (K blocks per split × 128 bytes of B per row, plus with split-K the F32 partial of each of the
+    // M rows, written and read back by the reduce: 8 bytes), each split 1% more.
+    // NOTE: until stop 25 the partials were left out of the cost, which took 8 splits of 64x64 tiles at M = 64
+    // N = 7168 K = 2048: 16.4 µs (graph replay, H200) against 13.5 with 4 splits, 12.2 with 2 and 11.2 with 64x128
+    // tiles and 2 splits; the 8 splits wrote as many bytes of partials as the weights hold.
     double best = 1e300;
     for (int bn : {64, 128}) {
       const int tiles = ceil_div(n, bn);
@@ -141,7 +145,8 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
         const int kbps = ceil_div(num_kb, split);
         if (ceil_div(num_kb, kbps) != split) continue;
         const int waves = ceil_div(static_cast<int64_t>(tiles) * split, num_sms);
-        const double cost = static_cast<double>(waves) * kbps * bn * (1.0 + 0.01 * split) + (bn == 64 ? 1.0 : 0.0);
+        const double bytes_per_col = kbps * 128.0 + (split > 1 ? 8.0 * m : 0.0);
+        const double cost = static_cast<double>(waves) * bn * bytes_per_col * (1.0 + 0.01 * split) + (bn == 64 ? 1.0 : 0.0);
         if (cost < best) {
           best = cost;
           c.block_n = bn;
@@ -288,8 +293,10 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // 42.7 vs 48.1 at M = 64; but at M = 64 N = 4096 K = 7168 17.5 vs 15.1 and N = 24576 K = 1536 20.1 vs 17.2:
   // bench/results/decode_m64_2026-12-02_a5506f9.json). FINEGEMM_FP8_DECODE=1 takes it up to M = 64 at any K, =0 turns
   // it off.
-  const bool fp8_decode =
-      decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", p.m <= 32 || (p.m <= 64 && p.k >= 8192));
+  // At K ≤ 512 only up to M = 8: at M = 16 N = 32768 K = 512 the tiles took 8.9 µs against the decode kernel's 11.5
+  // (stop 25).
+  const bool fp8_decode_default = (p.m <= 32 && (p.k > 512 || p.m <= 8)) || (p.m <= 64 && p.k >= 8192);
+  const bool fp8_decode = decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", fp8_decode_default);
   const Fp4DecodeConfig decode = fp4_decode || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
                                      : Fp4DecodeConfig{};
