@@ -142,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(AllRecipes, CudaLinearRecipes,
                          ::testing::Combine(::testing::Range(0, static_cast<int>(all_recipes().size())),
                                             ::testing::Range(0, 5)));
 
-// E4M3 weights in the decode kernel (the default at M ≤ 32, M ≤ 8 at K ≤ 512, and to 64 at K ≥ 8192;
+// E4M3 weights in the decode kernel (the default at M ≤ 32, M < 8 at K ≤ 512, and to 64 at K ≥ 8192;
 // FINEGEMM_FP8_DECODE=1 here): every recipe it serves (block scales constant over 64-row tiles and 128 of K; activation
 // scales over 128 or none), M = 1..64, N and K tails, split-K forced to 1 and 3 and the heuristic's, against the CPU
 // reference on a poisoned output; the recipes it does not serve take the general kernel under the same switch and

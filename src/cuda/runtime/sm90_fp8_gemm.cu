@@ -293,9 +293,10 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // 42.7 vs 48.1 at M = 64; but at M = 64 N = 4096 K = 7168 17.5 vs 15.1 and N = 24576 K = 1536 20.1 vs 17.2:
   // bench/results/decode_m64_2026-12-02_a5506f9.json). FINEGEMM_FP8_DECODE=1 takes it up to M = 64 at any K, =0 turns
   // it off.
-  // At K ≤ 512 only up to M = 8: at M = 16 N = 32768 K = 512 the tiles took 8.9 µs against the decode kernel's 11.5
-  // (stop 25).
-  const bool fp8_decode_default = (p.m <= 32 && (p.k > 512 || p.m <= 8)) || (p.m <= 64 && p.k >= 8192);
+  // At K ≤ 512 only below M = 8: at N = 32768 K = 512 the tiles took 8.96 / 9.04 / 9.10 µs at M = 8 / 16 / 32
+  // against the decode kernel's 9.91 / 11.58 / 10.28 (stop 25, graph replay); at M = 1 the decode kernel's 9.0 beat
+  // cuBLASLt's 10.9.
+  const bool fp8_decode_default = (p.m <= 32 && (p.k > 512 || p.m < 8)) || (p.m <= 64 && p.k >= 8192);
   const bool fp8_decode = decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", fp8_decode_default);
   const Fp4DecodeConfig decode = fp4_decode || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
