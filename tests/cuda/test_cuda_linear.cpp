@@ -203,9 +203,12 @@ TEST_F(CudaTest, EveryTileConfig) {
   // "192x128": three consumer warpgroups; M = 200 and 700 leave the last tile with 8 and 124 rows ("192x128:1c2":
   // pairs of 384 rows, the second CTA of a pair with no rows at M = 1, 8 at M = 200 and 124 at M = 700).
   // "c2a": pairs of adjacent column blocks sharing A (N = 400: four blocks of 128, the last with 16 columns).
+  // "c4": 2x2 blocks sharing A and B (at M = 1 three of the four CTAs have no rows; at M = 700 and 192-row tiles the
+  // second block's second row block has 124 rows; N = 400 gives two column pairs, the second with 16 columns).
   for (const char* config : {"64x64:1", "64x128:3", "128x64:1", "128x128:2", "128x192:1", "128x192:4", "64x64:5",
                              "128x256:1", "128x256:3", "128x128:1c2", "128x192:1c2", "128x192:3c2", "128x256:1c2",
-                             "192x128:1", "192x128:3", "192x128:1c2", "128x128:1c2a", "128x128:3c2a", "192x128:1c2a"}) {
+                             "192x128:1", "192x128:3", "192x128:1c2", "128x128:1c2a", "128x128:3c2a", "192x128:1c2a",
+                             "128x128:1c4", "192x128:1c4", "192x128:3c4"}) {
     setenv("FINEGEMM_GEMM_CONFIG", config, 1);
     const bool cluster = std::string(config).find('c') != std::string::npos;
     const bool wide = std::string(config).find("x256") != std::string::npos;
@@ -366,7 +369,26 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
     EXPECT_FALSE(c.share_a);
     EXPECT_EQ(c.grid, 2 * 3);  // 2 row-block pairs of 256 x 3 column blocks
   }
-  for (const char* bad : {"128x64:1c2a", "128x128:1c2x", "64x128:1c2", "128x256:1c2a", "96x128"}) {
+  {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "192x128:1c4");
+    const auto c = cuda::choose_gemm_config(4096, 7168, 16384, 128, 132);
+    EXPECT_EQ(c.cluster, 4);
+    EXPECT_FALSE(c.share_a);
+    EXPECT_EQ(c.grid, 33);  // 11 x 28 blocks of 2x2 tiles, at most one per 4 SMs
+    const auto small = cuda::choose_gemm_config(500, 300, 1152, 128, 132);
+    EXPECT_EQ(small.grid, 2 * 2);  // 2 row-block pairs of 384 x 2 column-block pairs of 256
+  }
+  {
+    const ScopedEnv four("FINEGEMM_GEMM_CLUSTER", "4");
+    const auto c = cuda::choose_gemm_config(4096, 7168, 16384, 128, 132);
+    EXPECT_EQ(c.block_m, 192);
+    EXPECT_EQ(c.cluster, 4);
+    EXPECT_EQ(c.grid, 33);
+    const auto blockwise32 = cuda::choose_gemm_config(4096, 7168, 16384, 32, 132);  // no clusters with 32-wide promotion
+    EXPECT_EQ(blockwise32.cluster, 1);
+  }
+  for (const char* bad : {"128x64:1c2a", "128x128:1c2x", "64x128:1c2", "128x256:1c2a", "96x128", "64x128:1c4",
+                          "128x256:1c4", "128x128:1c4a", "128x128:1c3"}) {
     const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", bad);
     try {
       (void)cuda::choose_gemm_config(4096, 4096, 7168, 128, 132);
@@ -381,11 +403,13 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of
 // A into both. N = 300 gives three 128-wide column blocks, so the second CTA of the last pair has no columns at all
 // (its B rows lie past N: zero-filled loads, nothing stored); M = 500 leaves a partial row block; K = 1152 (nine K
-// blocks) and a 64-row B scale block recipe. Checked against the reference, with the output poisoned.
+// blocks) and a 64-row B scale block recipe. Checked against the reference, with the output poisoned. 2x2 clusters
+// ("c4") meet both edges at once: with 192-row tiles the second pair of row blocks has 116 rows in its first block
+// and none in its second, and the second pair of column blocks 44 columns in its first and none in its second.
 TEST_F(CudaTest, SharedATilesPastN) {
   const auto recipes = all_recipes();
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7]};
-  for (const char* config : {"128x128:1c2a", "192x128:1c2a", "128x128:2c2a"}) {
+  for (const char* config : {"128x128:1c2a", "192x128:1c2a", "128x128:2c2a", "128x128:1c4", "192x128:1c4"}) {
     const ScopedEnv scope("FINEGEMM_GEMM_CONFIG", config);
     for (const auto& recipe : kinds) {
       const int64_t m = 500, n = 300, k = 1152;
@@ -436,7 +460,7 @@ TEST_F(CudaTest, WideStoresSameBits) {
   const auto recipes = all_recipes();
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[9]};
   for (const char* config : {"", "64x64:1", "128x64:1", "128x128:1", "128x192:1", "192x128:1", "192x128:1c2",
-                             "192x128:1c2a", "128x128:1c2"}) {
+                             "192x128:1c2a", "128x128:1c2", "192x128:1c4"}) {
     const testing::ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
     for (const auto& recipe : kinds) {
       const bool promote128 = cuda::promotion_k(recipe.weight, recipe.activation) % 128 == 0;

@@ -167,7 +167,8 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 // kCluster = 2: clusters of two CTAs sharing B through TMA multicast. The grid is then as many clusters as fit on
 // the device at once (cudaOccupancyMaxActiveClusters: an SM pair must sit in one GPC), never more: the kernel is
 // persistent, and a second wave of clusters would double the time.
-// kShareA: the pair shares A instead (sm90_fp8_gemm.cuh), and `grid` counts column-block pairs.
+// kShareA: the pair shares A instead (sm90_fp8_gemm.cuh), and `grid` counts column-block pairs. kCluster = 4: 2x2
+// blocks sharing A and B, `grid` counts them (four SMs of one GPC each).
 template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B = false,
           int kCluster = 1, bool kShareA = false>
 inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p, const Scheduler& sched,
@@ -205,10 +206,10 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
     if (clusters == 0) {
       config.gridDim = dim3(kCluster * 66);
       FG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-      if (clusters <= 0) throw Error(ErrorKind::Runtime, "gemm: no cluster of 2 CTAs fits on this device");
+      if (clusters <= 0) throw Error(ErrorKind::Runtime, "gemm: no cluster of " + std::to_string(kCluster) + " CTAs fits on this device");
       max_clusters[slot].store(clusters);
     }
-    config.gridDim = dim3(kCluster * std::max(1, std::min(clusters, grid)));  // grid: the tile pairs here
+    config.gridDim = dim3(kCluster * std::max(1, std::min(clusters, grid)));  // grid: the tile pairs (2x2 blocks) here
     if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
       std::fprintf(stderr, "finegemm: cluster launch: %d clusters of %d fit at once, %d launched\n", clusters, kCluster,
                    static_cast<int>(config.gridDim.x) / kCluster);

@@ -48,10 +48,13 @@ float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
   return w.ptr;
 }
 
-// The schedulers of the shared-A pairs (column blocks counted in pairs).
+// The schedulers of the shared-A pairs (column blocks counted in pairs) and of the 2x2 blocks (row and column blocks
+// counted in pairs).
 struct SharedASchedulers {
   NormalScheduler<128> s128;
   NormalScheduler<192> s192;
+  NormalScheduler<256> s256_2x2;
+  NormalScheduler<384> s384_2x2;
 };
 
 // The compiled dense tile configs. Each (BLOCK_M, BLOCK_N) has one stage count that fills the shared memory.
@@ -62,6 +65,16 @@ void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap
                     cudaStream_t stream) {
   constexpr auto kStore = Epilogue::Store;
   using S256 = NormalScheduler<256>;
+  if (c.cluster == 4) {
+    // 2x2 clusters: A shared along each row block pair's rows, B along each column block pair's columns.
+    if constexpr (kPromoteK != 32) {
+      if (c.block_m == 128 && c.block_n == 128)
+        return launch_kernel<128, 128, 6, kPromoteK, kStore, S256, false, 4>(a, b, p, shared_a.s256_2x2, c.grid, stream);
+      if (c.block_m == 192 && c.block_n == 128)
+        return launch_kernel<192, 128, 5, kPromoteK, kStore, NormalScheduler<384>, false, 4>(a, b, p, shared_a.s384_2x2, c.grid, stream);
+    }
+    throw Error("gemm config: no compiled 2x2 cluster kernel for " + c.describe());
+  }
   if (c.cluster == 2 && c.share_a) {
     // 2-CTA clusters over adjacent column blocks of one row block: A is multicast, each CTA loads its own B.
     if constexpr (kPromoteK != 32) {
@@ -205,13 +218,17 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   // (11 row blocks: the last pair half idle) c2 fell to 863 vs 996, pairs sharing A (c2a, two column blocks) 1011.
   // 128x128 pairs were no faster than 128x128 with two accumulator sets (N=4096 K=7168 931 vs 937). So 192x128
   // takes c2 where the row blocks pair up, else c2a where the column blocks do. FINEGEMM_GEMM_CLUSTER=1 turns
-  // clusters off; =2 also pairs 128-row tiles (B shared).
+  // clusters off; =2 also pairs 128-row tiles (B shared); =4 takes 2x2 blocks of 192x128 or 128x128 tiles (A and B
+  // shared; not yet measured on the GPU) where a wave of them fills the SMs.
   const char* cluster_env = std::getenv("FINEGEMM_GEMM_CLUSTER");
   const int cluster_mode = cluster_env && *cluster_env ? std::atoi(cluster_env) : 0;  // 0: the heuristic
   c.cluster = 1;
   if (cluster_mode != 1 && promote_k != 32 && c.split_k == 1) {
     const int64_t row_blocks = ceil_div(m, c.block_m), col_blocks = ceil_div(n, c.block_n);
-    if (c.block_m == 192 && row_blocks * col_blocks >= num_sms) {
+    if (cluster_mode == 4 && c.block_n == 128 && (c.block_m == 192 || c.block_m == 128) &&
+        ceil_div(row_blocks, 2) * ceil_div(col_blocks, 2) >= num_sms / 4) {
+      c.cluster = 4;
+    } else if (c.block_m == 192 && row_blocks * col_blocks >= num_sms) {
       if (row_blocks % 2 == 0) {
         c.cluster = 2;
       } else if (col_blocks % 2 == 0) {
@@ -227,17 +244,19 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
     int bm = 0, bn = 0, split = 0, cluster = 1;
     char shared = 0;
     const int got = std::sscanf(forced, "%dx%d:%dc%d%c", &bm, &bn, &split, &cluster, &shared);
-    // "c2a": the pair shares A (adjacent column blocks); 128x128 and 192x128 tiles.
+    // "c2a": the pair shares A (adjacent column blocks); 128x128 and 192x128 tiles. "c4": 2x2 blocks sharing A and
+    // B; 128x128 and 192x128 tiles.
     const bool share_a = got == 5 && shared == 'a';
     const bool valid = got >= 2 && (bm == 64 || bm == 128 || bm == 192) && (bn == 64 || bn == 128 || bn == 192 || bn == 256) &&
                        (bn != 256 || (bm == 128 && promote_k != 32)) && (bm != 192 || (bn == 128 && promote_k != 32)) &&
-                       (cluster == 1 || (cluster == 2 && (bm == 128 || (bm == 192 && bn == 128)) && bn >= 128 && promote_k != 32)) &&
-                       (got < 5 || (share_a && bn == 128));
+                       (cluster == 1 || (cluster == 2 && (bm == 128 || (bm == 192 && bn == 128)) && bn >= 128 && promote_k != 32) ||
+                        (cluster == 4 && (bm == 128 || bm == 192) && bn == 128 && promote_k != 32)) &&
+                       (got < 5 || (share_a && bn == 128 && cluster == 2));
     if (!valid)
-      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2]] with BM in {64, 128, 192}, BN in {64, 128, "
+      throw Error(std::string("FINEGEMM_GEMM_CONFIG: expected BMxBN[:split[c2|c2a|c4]] with BM in {64, 128, 192}, BN in {64, 128, "
                               "192, 256} (256: BM 128, no 32-wide promotion; BM 192: BN 128, no 32-wide promotion; c2: 2-CTA "
                               "clusters, BM 128 with BN >= 128 or 192x128, no 32-wide promotion; c2a: the pair shares A, "
-                              "128x128 or 192x128), got '") +
+                              "128x128 or 192x128; c4: 2x2 clusters, 128x128 or 192x128, no 32-wide promotion), got '") +
                   forced + "'");
     c.block_m = bm;
     c.block_n = bn;
@@ -251,9 +270,10 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   c.split_k = std::max(1, std::min(c.split_k, num_kb));
   c.k_blocks_per_split = ceil_div(num_kb, c.split_k);
   c.split_k = ceil_div(num_kb, c.k_blocks_per_split);
-  // With clusters, grid counts tile pairs (the launcher turns it into CTAs).
-  const int tiles = c.share_a ? ceil_div(m, c.block_m) * ceil_div(n, 2 * c.block_n)
-                              : ceil_div(m, c.block_m * c.cluster) * ceil_div(n, c.block_n);
+  // With clusters, grid counts tile pairs or 2x2 blocks (the launcher turns it into CTAs).
+  const int tiles = c.cluster == 4 ? ceil_div(m, 2 * c.block_m) * ceil_div(n, 2 * c.block_n)
+                    : c.share_a    ? ceil_div(m, c.block_m) * ceil_div(n, 2 * c.block_n)
+                                   : ceil_div(m, c.block_m * c.cluster) * ceil_div(n, c.block_n);
   c.grid = std::min(num_sms / c.cluster, tiles * c.split_k);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
     std::fprintf(stderr, "finegemm: gemm M=%d N=%d K=%d promote_k=%d -> %s\n", m, n, k, promote_k, c.describe().c_str());
@@ -337,7 +357,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
       c.grid = std::min(num_sms_of_device(device), ceil_div(p.m, c.block_m) * ceil_div(p.n, c.block_n) * c.split_k);
     }
   }
-  const CUtensorMap tma_a = fp4_decode || fp8_decode ? CUtensorMap{} : make_tma_2d(a, p.m, p.k, lda, c.share_a ? c.block_m / 2 : c.block_m);
+  const CUtensorMap tma_a = fp4_decode || fp8_decode ? CUtensorMap{} : make_tma_2d(a, p.m, p.k, lda, c.share_a || c.cluster == 4 ? c.block_m / 2 : c.block_m);
   const CUtensorMap tma_b = fp4_decode || fp8_decode ? CUtensorMap{} : p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, p.n, p.k, ldb, c.block_n / 2);
   // One scheduler per compiled tile height; each kernel takes the one of its BLOCK_M (256: 2-CTA cluster pairs).
@@ -346,7 +366,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const auto s192 = normal_scheduler<192>(p, c);
   const auto s256 = normal_scheduler<256>(p, c);
   const auto s384 = normal_scheduler<384>(p, c);
-  const SharedASchedulers shared_a{normal_scheduler<128>(p, c, true), normal_scheduler<192>(p, c, true)};
+  const SharedASchedulers shared_a{normal_scheduler<128>(p, c, true), normal_scheduler<192>(p, c, true),
+                                   normal_scheduler<256>(p, c, true), normal_scheduler<384>(p, c, true)};
 
   // A stream-ordered workspace (under graph capture) is freed on the stream whatever happens below.
   struct OwnedWorkspace {

@@ -14,8 +14,8 @@ struct GemmConfig {
   int stages = 6;
   int split_k = 1;
   int k_blocks_per_split = 0;
-  int grid = 0;     // CTAs, or CTA pairs when cluster == 2
-  int cluster = 1;  // 2: two CTAs share B tiles through TMA multicast
+  int grid = 0;     // CTAs, or CTA pairs when cluster == 2, or 2x2 blocks when cluster == 4
+  int cluster = 1;  // 2: two CTAs share B tiles through TMA multicast; 4: 2x2 CTAs share A and B ("c4")
   bool share_a = false;  // with cluster 2: the pair shares A tiles instead (adjacent column blocks; "c2a")
   std::string describe() const;
 };
