@@ -165,6 +165,14 @@ TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) { every_recipe_on_grouped_path
 // (~38 rows per expert: one 192-row tile with two idle warpgroups) and 300 (~150: the third warpgroup partly filled).
 TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "128", "192"}); }
 
+// 192-row grouped tiles in 2-CTA clusters sharing A (FINEGEMM_GROUPED_CLUSTER=1, off by default): the pair takes two
+// adjacent column blocks of one expert's rows. 192-row tiles forced, so that T = 77 (experts of a few rows: idle
+// warpgroups on both CTAs) runs them too; recipes that 192-row tiles do not serve fall back to 128 without clusters.
+TEST_F(CudaMoe, GroupedSharedAPairsEveryRecipe) {
+  const testing::ScopedEnv tall("FINEGEMM_GROUPED_BLOCK_M", "192");
+  every_recipe_on_grouped_path("FINEGEMM_GROUPED_CLUSTER", {"1"});
+}
+
 // Per-token activations through the GPU path (FINEGEMM_MOE_PER_TOKEN_GPU=1): gate_up stores F32 with the scales
 // and bias applied, one kernel applies the activation, the per-token quantizer takes each row's amax over all of I,
 // and down applies the routing weight. Every activation variant and both gate/up layouts; T = 1, 77, 300.

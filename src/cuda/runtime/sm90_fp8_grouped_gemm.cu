@@ -11,7 +11,9 @@
 namespace finegemm::cuda {
 namespace {
 
-template <int BLOCK_M, int BLOCK_N, int kStages, Epilogue kEpilogue>
+// kSharedA: 2-CTA clusters over adjacent column blocks of one expert's rows, A multicast (the dense "c2a";
+// FINEGEMM_GROUPED_CLUSTER=1): the scheduler counts column-block pairs and `grid` counts clusters.
+template <int BLOCK_M, int BLOCK_N, int kStages, Epilogue kEpilogue, bool kSharedA = false>
 void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p, const GroupedLayout& layout,
                            int grid, cudaStream_t stream) {
   GroupedScheduler<BLOCK_M, kMaxGroupedExperts> sched;
@@ -20,16 +22,23 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   sched.max_rows = layout.max_rows;
   sched.num_groups = layout.num_groups;
   const int tile_cols = kEpilogue == Epilogue::ActRequant && p.b_layout != BLayout::Plain ? BLOCK_N / 2 : BLOCK_N;
-  sched.num_n_blocks = ceil_div(kEpilogue == Epilogue::ActRequant ? p.out_cols : p.n, tile_cols);
+  sched.num_n_blocks = ceil_div(kEpilogue == Epilogue::ActRequant ? p.out_cols : p.n, (kSharedA ? 2 : 1) * tile_cols);
   sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k, /*grouped=*/true);
   if constexpr (BLOCK_M == 192) {
     // Three consumer warpgroups: E4M3 experts with 128-wide promotion or none (the host picks 192 only for those).
     if (p.b_fp4 || (promote && p.promote_k % 128 != 0))
       throw Error(ErrorKind::Runtime, "grouped gemm: 192-row tiles take E4M3 experts with 128-wide promotion or none");
-    if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
-    return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue>(a, b, p, sched, grid, stream);
+    using S = decltype(sched);
+    if constexpr (kSharedA) {
+      if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue, S, false, 2, true>(a, b, p, sched, grid, stream);
+      return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue, S, false, 2, true>(a, b, p, sched, grid, stream);
+    } else {
+      if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue>(a, b, p, sched, grid, stream);
+      return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue>(a, b, p, sched, grid, stream);
+    }
   } else {
+    static_assert(!kSharedA, "grouped 2-CTA clusters: 192-row tiles only");
     if (p.b_fp4) {
       // FP4 experts: 32-wide promotion, fewer stages (the packed staging buffer shares the shared memory).
       constexpr int kFp4Stages = BLOCK_N == 256 ? 3 : (BLOCK_M == 128 ? 4 : 6);
@@ -89,13 +98,17 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
     std::fprintf(stderr, "finegemm: grouped gemm rows=%d N=%d K=%d experts=%d epilogue=%d -> %dx%d grid=%d\n", p.m, p.n,
                  p.k, layout.num_groups, static_cast<int>(epilogue), block_m, block_n, num_sms);
-  const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, block_m);
+  // FINEGEMM_GROUPED_CLUSTER=1: 192-row tiles in 2-CTA clusters sharing A (not yet measured on the GPU; off).
+  const bool shared_a = block_m == 192 && env_switch("FINEGEMM_GROUPED_CLUSTER", false);
+  const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, shared_a ? block_m / 2 : block_m);
   const int64_t b_rows = static_cast<int64_t>(layout.num_groups) * p.n;
   const CUtensorMap tma_b = p.b_fp4 ? make_tma_2d(b, b_rows, p.k / 2, ldb, block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, b_rows, p.k, ldb, block_n / 2);
   p.workspace = nullptr;
   if (epilogue == Epilogue::Store) {
     if (block_m == 64) return launch_grouped_config<64, 128, 8, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
+    if (block_m == 192 && shared_a)
+      return launch_grouped_config<192, 128, 5, Epilogue::Store, true>(tma_a, tma_b, p, layout, num_sms / 2, stream);
     if (block_m == 192) return launch_grouped_config<192, 128, 5, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
     return launch_grouped_config<128, 128, 6, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
   }
