@@ -161,16 +161,28 @@ TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) { every_recipe_on_grouped_path
 
 // The grouped GEMM's forced tile heights (FINEGEMM_GROUPED_BLOCK_M): 64- and 128-row tiles, and 192-row tiles of three
 // consumer warpgroups (the default from 48 rows per expert for E4M3 experts with 128-wide promotion or none; FP4 and
-// 32-wide recipes fall back to 128). T = 77
-// (~38 rows per expert: one 192-row tile with two idle warpgroups) and 300 (~150: the third warpgroup partly filled).
-TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "128", "192"}); }
+// 32-wide recipes fall back to 128). T = 77 (~38 rows per expert: one 192-row tile with two idle warpgroups) and 300
+// (~150: the third warpgroup partly filled).
+TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) {
+  every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "128", "192"});
+}
+
+// Each expert's tiles n-block major (FINEGEMM_GROUPED_ORDER=n, off by default). 64-row tiles forced, so that the
+// experts of T = 300 (~150 rows) span three m-blocks and the order differs from the default's.
+TEST_F(CudaMoe, GroupedNMajorOrderEveryRecipe) {
+  const testing::ScopedEnv short_tiles("FINEGEMM_GROUPED_BLOCK_M", "64");
+  every_recipe_on_grouped_path("FINEGEMM_GROUPED_ORDER", {"n"});
+}
 
 // 192-row grouped tiles in 2-CTA clusters sharing A (FINEGEMM_GROUPED_CLUSTER=1, off by default): the pair takes two
-// adjacent column blocks of one expert's rows. 192-row tiles forced, so that T = 77 (experts of a few rows: idle
-// warpgroups on both CTAs) runs them too; recipes that 192-row tiles do not serve fall back to 128 without clusters.
+// adjacent column blocks of one expert's rows; then also with each expert's tiles n-block major. 192-row tiles
+// forced, so that T = 77 (experts of a few rows: idle warpgroups on both CTAs) runs them too; recipes that 192-row
+// tiles do not serve fall back to 128 without clusters.
 TEST_F(CudaMoe, GroupedSharedAPairsEveryRecipe) {
   const testing::ScopedEnv tall("FINEGEMM_GROUPED_BLOCK_M", "192");
   every_recipe_on_grouped_path("FINEGEMM_GROUPED_CLUSTER", {"1"});
+  const testing::ScopedEnv pairs("FINEGEMM_GROUPED_CLUSTER", "1");
+  every_recipe_on_grouped_path("FINEGEMM_GROUPED_ORDER", {"n"});
 }
 
 // Per-token activations through the GPU path (FINEGEMM_MOE_PER_TOKEN_GPU=1): gate_up stores F32 with the scales

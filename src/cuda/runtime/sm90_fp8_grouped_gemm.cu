@@ -1,6 +1,7 @@
 // Host side of the grouped (MoE) GEMM: the GroupedScheduler over per-expert row ranges read on the device.
 // NOTE: its own translation unit so that the dense and grouped kernels compile in parallel.
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -24,6 +25,12 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   const int tile_cols = kEpilogue == Epilogue::ActRequant && p.b_layout != BLayout::Plain ? BLOCK_N / 2 : BLOCK_N;
   sched.num_n_blocks = ceil_div(kEpilogue == Epilogue::ActRequant ? p.out_cols : p.n, (kSharedA ? 2 : 1) * tile_cols);
   sched.num_k_blocks = ceil_div(p.k, kGemmBlockK);
+  // FINEGEMM_GROUPED_ORDER=n: each expert's tiles n-block major (GroupedScheduler; not yet measured on the GPU).
+  if (const char* order = std::getenv("FINEGEMM_GROUPED_ORDER"); order && *order) {
+    if (std::strcmp(order, "m") != 0 && std::strcmp(order, "n") != 0)
+      throw Error(std::string("FINEGEMM_GROUPED_ORDER: expected m or n, got '") + order + "'");
+    sched.n_major = *order == 'n';
+  }
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k, /*grouped=*/true);
   if constexpr (BLOCK_M == 192) {
     // Three consumer warpgroups: E4M3 experts with 128-wide promotion or none (the host picks 192 only for those).

@@ -58,7 +58,11 @@ struct NormalScheduler {
 //   to the tile height: the last tile of an expert masks the rows past its end;
 //   masked layout (offsets == nullptr): expert e owns rows [e·max_rows, e·max_rows + counts[e]).
 // prepare() turns the per-expert row counts into a prefix of m-blocks in shared memory; tile(t) finds its expert
-// by binary search there. Tiles run m-block major: the n-blocks of one expert's rows run together.
+// by binary search there. Tiles run m-block major by default: the n-blocks of one expert's rows run together. With
+// n_major (FINEGEMM_GROUPED_ORDER=n) an expert's tiles run n-block major instead: the m-blocks of one column block run
+// together, on neighbouring SMs at the same time, so that an expert with several m-blocks streams each B block from
+// DRAM once and the other m-blocks find it in L2 (m-block major, the expert's whole B, 29 MB for DeepSeek-V3's
+// gate_up, streams once per m-block).
 template <int BLOCK_M, int kMaxGroups>
 struct GroupedScheduler {
   static constexpr int kSmemBytes = (kMaxGroups + 1) * 4;
@@ -68,6 +72,7 @@ struct GroupedScheduler {
   int num_groups = 0;
   int num_n_blocks = 0;
   int num_k_blocks = 0;
+  bool n_major = false;              // an expert's tiles n-block major (see above)
   int* block_prefix = nullptr;       // shared memory, set by prepare()
 
   __device__ int group_start(int g) const { return offsets ? offsets[g] : g * max_rows; }
@@ -104,8 +109,8 @@ struct GroupedScheduler {
   __device__ TileInfo tile(int t) const {
     TileInfo info;
     const int mb = t / num_n_blocks;
-    info.n_block = t - mb * num_n_blocks;
-    // Largest g with block_prefix[g] ≤ mb (empty experts have equal prefixes and are skipped).
+    // Largest g with block_prefix[g] ≤ mb (empty experts have equal prefixes and are skipped). An expert's tiles are
+    // the range [block_prefix[g] · num_n_blocks, block_prefix[g + 1] · num_n_blocks) in either order.
     int lo = 0, hi = num_groups - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -114,7 +119,15 @@ struct GroupedScheduler {
     }
     info.group = lo;
     const int start = group_start(lo);
-    info.m_row0 = start + (mb - block_prefix[lo]) * BLOCK_M;
+    int local_mb = mb - block_prefix[lo];
+    info.n_block = t - mb * num_n_blocks;
+    if (n_major) {
+      const int expert_mbs = block_prefix[lo + 1] - block_prefix[lo];
+      const int local = t - block_prefix[lo] * num_n_blocks;
+      info.n_block = local / expert_mbs;
+      local_mb = local - info.n_block * expert_mbs;
+    }
+    info.m_row0 = start + local_mb * BLOCK_M;
     info.m_end = start + group_rows(lo);
     info.split = 0;
     info.kb_begin = 0;
