@@ -1,11 +1,15 @@
 // bench/linear (GPU side): finegemm's FP8 linear on the reference shapes, timed with CUDA events around single
-// launches (median) and with CUDA-graph replay for M ≤ 128. Weights rotate among enough copies to exceed 3× the
+// launches (median) and with CUDA-graph replay (every M by default; --graph-max-m M limits it).
+// NOTE: events around a single launch on an idle stream also time the host's launch work (the start event runs as
+// soon as it is queued, the kernel only once the host has built and queued it): a few µs for finegemm, tens of µs for
+// torch's scaled_mm. Until stop 25 only M ≤ 128 were replayed, which flattered the M = 512 comparisons. Weights rotate among enough copies to exceed 3× the
 // L2, so the cache never serves them. Every timed configuration is first checked against the CPU reference on
 // sampled rows. Prints one JSON object per line (bench/linear.py merges them with the torch baselines).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +128,7 @@ int main(int argc, char** argv) {
   bool bf16_input = false;
   bool weights_static = false;  // --weights-static: RunOptions::weights_static (no kernel here writes weights)
   std::vector<std::string> env_sets = {""};  // --envs: one row per entry, each with its environment settings
+  int64_t graph_max_m = INT64_MAX;             // --graph-max-m: graph replay up to this M (stop 24's runs: 128)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--m" && i + 1 < argc) {
@@ -136,6 +141,8 @@ int main(int argc, char** argv) {
       weights_static = true;
     } else if (a == "--bf16-input") {
       bf16_input = true;
+    } else if (a == "--graph-max-m" && i + 1 < argc) {
+      graph_max_m = std::atoll(argv[++i]);
     } else if (a == "--quick") {
       nks.resize(3);
     } else if (a == "--envs" && i + 1 < argc) {
@@ -275,9 +282,9 @@ int main(int argc, char** argv) {
             if (it >= 5) times.push_back(ms_ * 1e3);
           }
           const double us = median(times);
-          // Graph replay for decode-sized M: one graph of `copies` launches, timed over many replays.
+          // Graph replay: one graph of `copies` launches, timed over many replays.
           double us_graph = 0;
-          if (m <= 128) {
+          if (m <= graph_max_m) {
             cudaGraph_t graph;
             cudaGraphExec_t exec;
             CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
