@@ -167,6 +167,10 @@ TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) {
   every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "128", "192"});
 }
 
+// The expert outputs y in BF16 (FINEGEMM_MOE_Y=bf16; by default FP32 while y stays under 1 GiB, so that the BF16 y
+// of large prefills runs here too) and forced FP32.
+TEST_F(CudaMoe, ExpertOutputsBf16AndF32EveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_MOE_Y", {"bf16", "f32"}); }
+
 // Each expert's tiles n-block major (FINEGEMM_GROUPED_ORDER=n, off by default). 64-row tiles forced, so that the
 // experts of T = 300 (~150 rows) span three m-blocks and the order differs from the default's.
 TEST_F(CudaMoe, GroupedNMajorOrderEveryRecipe) {

@@ -2,7 +2,8 @@
 # Next session's first call (after scripts/pack-prebuilt; cp this into .snap; carry [".snap"]): stop 25's unmeasured
 # clusters. First a smoke run of each new kernel under a short timeout (a deadlock shows as rc=124 there, not as a
 # lost call), then their tests, then the dense 2x2 clusters (c4) against the default at five M = 4096 shapes and
-# without promotion, the grouped pairs sharing A and the n-block-major expert order in the MoE layer, then the linear tests stop 25 did not reach.
+# without promotion, the grouped pairs sharing A, the n-block-major expert order and BF16 expert outputs in the MoE
+# layer, then the linear tests stop 25 did not reach.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -31,8 +32,8 @@ run smoke_c4 1024 1024:1024 $V 'FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_C
 moe smoke_grouped FINEGEMM_GROUPED_CLUSTER=1 qwen3-30b-a3b 2048 30
 timeout 150 $B/tests/test_cuda_linear --gtest_filter='*EveryTileConfig*:*SharedATilesPastN*:*WideStoresSameBits*:GemmConfig*' >$W/test_c4.txt 2>&1
 echo "c4 tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_c4.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_c4.txt | head -10
-timeout 120 $B/tests/test_cuda_moe --gtest_filter='*GroupedSharedAPairs*:*GroupedNMajor*' >$W/test_pairs.txt 2>&1
-echo "grouped pairs test rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_pairs.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_pairs.txt | head -10
+timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedSharedAPairs*:*GroupedNMajor*:*ExpertOutputsBf16*' >$W/test_pairs.txt 2>&1
+echo "grouped pairs / n-major / bf16 y tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_pairs.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_pairs.txt | head -10
 E=';FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4;FINEGEMM_GEMM_CONFIG=192x128:1c2a'
 for nk in 7168:16384 4096:7168 24576:1536 2112:7168 7168:2048; do run c4_${nk/:/_} 4096 $nk $V "$E"; done
 run c4_nopromote 4096 7168:16384 channel-token 'FINEGEMM_GEMM_FP32_ACCUM=0;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2a'
@@ -40,7 +41,7 @@ run c4_m2048 2048 7168:16384 $V "$E"
 moe def '' deepseek-v3,qwen3-30b-a3b 2048,4096,16384
 moe pairs FINEGEMM_GROUPED_CLUSTER=1 deepseek-v3,qwen3-30b-a3b 2048,4096,16384
 moe nmajor FINEGEMM_GROUPED_ORDER=n deepseek-v3,qwen3-30b-a3b 4096,16384
-moe pairs_nmajor 'FINEGEMM_GROUPED_CLUSTER=1 FINEGEMM_GROUPED_ORDER=n' deepseek-v3,qwen3-30b-a3b 16384
+moe ybf16 FINEGEMM_MOE_Y=bf16 deepseek-v3,qwen3-30b-a3b 2048,4096
 left=$(( 560 - $(date +%s) + s0 ))
 [ $left -gt 30 ] && timeout $left $B/tests/test_cuda_linear --gtest_filter='AllRecipes*:*Fp32Accum*:*PreQuantized*' >$W/test_lin.txt 2>&1
 echo "linear tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' $W/test_lin.txt | tr '\n' ' ') $(grep -c '^\[       OK' $W/test_lin.txt) ok"; grep -E "Failure" -A3 $W/test_lin.txt | head -10

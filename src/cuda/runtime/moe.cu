@@ -3,6 +3,7 @@
 // Every step is stream-ordered with no host synchronisation: the whole block can be captured in one CUDA graph.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <optional>
 
@@ -251,7 +252,14 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   StreamScratch x_q(rows * hidden, stream),
       x_scale(per_token ? rows * 4 : (dynamic ? rows * x_scale_cols * 4 : 16), stream);
   // NOTE: y is FP32 while it stays under 1 GiB (exact sums in the combine), BF16 beyond (T·k·H large prefill).
-  const bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
+  // FINEGEMM_MOE_Y=bf16 / f32 forces either (comparisons: at DeepSeek-V3 T = 4096 the FP32 y is 940 MB, written by
+  // down and read by the combine; not yet measured on the GPU).
+  bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
+  if (const char* forced = std::getenv("FINEGEMM_MOE_Y"); forced && *forced) {
+    if (std::strcmp(forced, "bf16") != 0 && std::strcmp(forced, "f32") != 0)
+      throw Error(std::string("FINEGEMM_MOE_Y: expected bf16 or f32, got '") + forced + "'");
+    y_f32 = std::strcmp(forced, "f32") == 0;
+  }
   StreamScratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
   std::optional<MoeDecodeScratch> decode_scratch;
   if (decode) decode_scratch.emplace(args, rows, num_experts, stream);
