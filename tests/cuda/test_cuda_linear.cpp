@@ -203,8 +203,9 @@ TEST_F(CudaTest, EveryTileConfig) {
   // "192x128": three consumer warpgroups; M = 200 and 700 leave the last tile with 8 and 124 rows ("192x128:1c2":
   // pairs of 384 rows, the second CTA of a pair with no rows at M = 1, 8 at M = 200 and 124 at M = 700).
   // "c2a": pairs of adjacent column blocks sharing A (N = 400: four blocks of 128, the last with 16 columns).
-  // "c4": 2x2 blocks sharing A and B (at M = 1 three of the four CTAs have no rows; at M = 700 and 192-row tiles the
-  // second block's second row block has 124 rows; N = 400 gives two column pairs, the second with 16 columns).
+  // "c4": 2x2 blocks sharing A and B (at M = 1 two of the four CTAs have no rows; at M = 700 and 192-row tiles the
+  // second block's second row block has 124 rows; N = 400 gives two column pairs, the second with 144 columns, 16 in
+  // its second block). ClustersOfFourAcrossTiles runs them over many tiles.
   for (const char* config : {"64x64:1", "64x128:3", "128x64:1", "128x128:2", "128x192:1", "128x192:4", "64x64:5",
                              "128x256:1", "128x256:3", "128x128:1c2", "128x192:1c2", "128x192:3c2", "128x256:1c2",
                              "192x128:1", "192x128:3", "192x128:1c2", "128x128:1c2a", "128x128:3c2a", "192x128:1c2a",
@@ -526,6 +527,29 @@ TEST_F(CudaTest, ThreeConsumerWarpgroupsAcrossTiles) {
     EXPECT_LE(cmp.rel, 3e-3) << recipe.name;
   }
   unsetenv("FINEGEMM_GEMM_CONFIG");
+}
+
+// 2x2 clusters ("c4") over more blocks than fit at once (about 32 clusters of four on the H200), so that each CTA
+// carries its stage phases and loader cursors, with empty barriers released by three CTAs, from one tile to the next:
+// M = 1600 N = 1800 K = 2048 gives 5 x 8 blocks of 192x128 tiles and 7 x 8 of 128x128, the last row pair with 64
+// rows in its first block and none in its second (either tile height), the last column pair 8 columns and none.
+// M = 100 and 300 leave whole CTAs without rows on the promoting kernels (the second row block of the pair).
+TEST_F(CudaTest, ClustersOfFourAcrossTiles) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7], recipes[9]};
+  for (const char* config : {"192x128:1c4", "128x128:1c4"}) {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+    for (const auto& recipe : kinds) {
+      for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1600, 1800, 2048}, {100, 1800, 1024},
+                                    {300, 400, 1024}}) {
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
+        const Buffer ref = run_reference(c.args, DType::BF16, m, n);
+        const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+        EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name << " M=" << m << " N=" << n;
+        EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name << " M=" << m << " N=" << n;
+      }
+    }
+  }
 }
 
 // FINEGEMM_GEMM_CHUNK_SCALES=1: the scale loaders store one B scale per 8-column chunk instead of one per column.

@@ -132,17 +132,20 @@ TEST_F(CudaMoe, EveryRecipeMatchesReference) {
   }
 }
 
-// Every recipe on the grouped path (the decode path off) with `env` set to each of `values`: T = 77 and 300, the
-// activation variants rotating over the recipes; output poisoned, checked against the reference.
-void every_recipe_on_grouped_path(const char* env, std::initializer_list<const char*> values) {
+// Every recipe on the grouped path (the decode path off) with `env` set to each of `values`: T = 77 and 300 (or
+// `token_counts`), the activation variants rotating over the recipes; output poisoned, checked against the reference.
+// hidden > 0 replaces the small problem's hidden size (the down GEMM's N).
+void every_recipe_on_grouped_path(const char* env, std::initializer_list<const char*> values,
+                                  std::initializer_list<int64_t> token_counts = {77, 300}, int64_t hidden = 0) {
   const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
   const auto recipes = all_recipes();
   for (const char* value : values) {
     SCOPED_TRACE(std::string(env) + "=" + value);
     const testing::ScopedEnv forced(env, value);
     for (size_t r = 0; r < recipes.size(); ++r) {
-      for (int64_t tokens : {77, 300}) {
-        const MoeProblem problem = small_problem(tokens, kVariants[(r + tokens) % 4]);
+      for (int64_t tokens : token_counts) {
+        MoeProblem problem = small_problem(tokens, kVariants[(r + tokens) % 4]);
+        if (hidden > 0) problem.hidden = hidden;
         const auto masters = tools::make_moe_masters(rng(), problem);
         auto data = tools::make_moe(rng(), recipes[r], problem, masters);
         const auto cmp = run_and_compare(data);
@@ -179,14 +182,15 @@ TEST_F(CudaMoe, GroupedNMajorOrderEveryRecipe) {
 }
 
 // 192-row grouped tiles in 2-CTA clusters sharing A (FINEGEMM_GROUPED_CLUSTER=1, off by default): the pair takes two
-// adjacent column blocks of one expert's rows; then also with each expert's tiles n-block major. 192-row tiles
-// forced, so that T = 77 (experts of a few rows: idle warpgroups on both CTAs) runs them too; recipes that 192-row
-// tiles do not serve fall back to 128 without clusters.
+// adjacent column blocks of one expert's rows. 192-row tiles forced, so that T = 77 (experts of a few rows: idle
+// warpgroups on both CTAs) runs them too; recipes that 192-row tiles do not serve fall back to 128 without clusters.
+// H = 384 gives down three column blocks: the last pair's second CTA has no columns. Then with each expert's tiles
+// n-block major at T = 900 (~450 rows per expert: three m-blocks, so the order differs from the default's).
 TEST_F(CudaMoe, GroupedSharedAPairsEveryRecipe) {
   const testing::ScopedEnv tall("FINEGEMM_GROUPED_BLOCK_M", "192");
-  every_recipe_on_grouped_path("FINEGEMM_GROUPED_CLUSTER", {"1"});
+  every_recipe_on_grouped_path("FINEGEMM_GROUPED_CLUSTER", {"1"}, {77, 300}, 384);
   const testing::ScopedEnv pairs("FINEGEMM_GROUPED_CLUSTER", "1");
-  every_recipe_on_grouped_path("FINEGEMM_GROUPED_ORDER", {"n"});
+  every_recipe_on_grouped_path("FINEGEMM_GROUPED_ORDER", {"n"}, {900});
 }
 
 // Per-token activations through the GPU path (FINEGEMM_MOE_PER_TOKEN_GPU=1): gate_up stores F32 with the scales

@@ -30,7 +30,7 @@ for l in open(sys.argv[1]):
 V=block-fp32-dynamic
 run smoke_c4 1024 1024:1024 $V 'FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4' 30
 moe smoke_grouped FINEGEMM_GROUPED_CLUSTER=1 qwen3-30b-a3b 2048 30
-timeout 150 $B/tests/test_cuda_linear --gtest_filter='*EveryTileConfig*:*SharedATilesPastN*:*WideStoresSameBits*:GemmConfig*' >$W/test_c4.txt 2>&1
+timeout 170 $B/tests/test_cuda_linear --gtest_filter='*ClustersOfFour*:*EveryTileConfig*:*SharedATilesPastN*:*WideStoresSameBits*:GemmConfig*' >$W/test_c4.txt 2>&1
 echo "c4 tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_c4.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_c4.txt | head -10
 timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedSharedAPairs*:*GroupedNMajor*:*ExpertOutputsBf16*' >$W/test_pairs.txt 2>&1
 echo "grouped pairs / n-major / bf16 y tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_pairs.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_pairs.txt | head -10

@@ -225,8 +225,9 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
   c.cluster = 1;
   if (cluster_mode != 1 && promote_k != 32 && c.split_k == 1) {
     const int64_t row_blocks = ceil_div(m, c.block_m), col_blocks = ceil_div(n, c.block_n);
-    if (cluster_mode == 4 && c.block_n == 128 && (c.block_m == 192 || c.block_m == 128) &&
-        ceil_div(row_blocks, 2) * ceil_div(col_blocks, 2) >= num_sms / 4) {
+    // 2x2 only where the row and column blocks both pair up (an odd count leaves whole CTAs idle, as c2 at M = 2048).
+    if (cluster_mode == 4 && c.block_n == 128 && (c.block_m == 192 || c.block_m == 128) && row_blocks % 2 == 0 &&
+        col_blocks % 2 == 0 && (row_blocks / 2) * (col_blocks / 2) >= num_sms / 4) {
       c.cluster = 4;
     } else if (c.block_m == 192 && row_blocks * col_blocks >= num_sms) {
       if (row_blocks % 2 == 0) {
