@@ -32,7 +32,7 @@ run smoke_c4 1024 1024:1024 $V 'FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_C
 moe smoke_grouped FINEGEMM_GROUPED_CLUSTER=1 qwen3-30b-a3b 2048 30
 timeout 170 $B/tests/test_cuda_linear --gtest_filter='*ClustersOfFour*:*EveryTileConfig*:*SharedATilesPastN*:*WideStoresSameBits*:GemmConfig*' >$W/test_c4.txt 2>&1
 echo "c4 tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_c4.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_c4.txt | head -10
-timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedSharedAPairs*:*GroupedNMajor*:*ExpertOutputsBf16*' >$W/test_pairs.txt 2>&1
+timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedSharedAPairs*:*GroupedNMajor*:*ExpertOutputsBf16*:*GateUpScratchBf16*' >$W/test_pairs.txt 2>&1
 echo "grouped pairs / n-major / bf16 y tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_pairs.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_pairs.txt | head -10
 E=';FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4;FINEGEMM_GEMM_CONFIG=192x128:1c2a'
 for nk in 7168:16384 4096:7168 24576:1536 2112:7168 7168:2048; do run c4_${nk/:/_} 4096 $nk $V "$E"; done
@@ -42,6 +42,8 @@ moe def '' deepseek-v3,qwen3-30b-a3b 2048,4096,16384
 moe pairs FINEGEMM_GROUPED_CLUSTER=1 deepseek-v3,qwen3-30b-a3b 2048,4096,16384
 moe nmajor FINEGEMM_GROUPED_ORDER=n deepseek-v3,qwen3-30b-a3b 4096,16384
 moe ybf16 FINEGEMM_MOE_Y=bf16 deepseek-v3,qwen3-30b-a3b 2048,4096
+moe scratch16 FINEGEMM_MOE_SCRATCH=bf16 deepseek-v3,qwen3-30b-a3b 2048,4096
+moe both16 'FINEGEMM_MOE_Y=bf16 FINEGEMM_MOE_SCRATCH=bf16' deepseek-v3,qwen3-30b-a3b 4096
 left=$(( 560 - $(date +%s) + s0 ))
 [ $left -gt 30 ] && timeout $left $B/tests/test_cuda_linear --gtest_filter='AllRecipes*:*Fp32Accum*:*PreQuantized*' >$W/test_lin.txt 2>&1
 echo "linear tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' $W/test_lin.txt | tr '\n' ' ') $(grep -c '^\[       OK' $W/test_lin.txt) ok"; grep -E "Failure" -A3 $W/test_lin.txt | head -10

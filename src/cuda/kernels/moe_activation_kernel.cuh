@@ -41,9 +41,10 @@ __global__ void moe_activation_kernel(const float* __restrict__ y, int64_t ld, i
 // consecutive columns of h; a group's kGroup / 8 threads are adjacent lanes and reduce its amax by shuffles. The
 // arithmetic is quant_activations.cuh's (dynamic_scale, quantize8), so the codes are the CPU reference's x / s.
 // Rows at or past offsets[num_experts] (the routed rows) quantize zeros.
-template <int kGroup, bool kPow2>
+// T: the gate_up output's dtype, float or (FINEGEMM_MOE_SCRATCH=bf16) __nv_bfloat16.
+template <int kGroup, bool kPow2, typename T = float>
 __global__ void __launch_bounds__(256) moe_activation_quantize_kernel(
-    const float* __restrict__ y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout, int act_kind,
+    const T* __restrict__ y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout, int act_kind,
     float limit, float alpha, const int32_t* __restrict__ offsets, int num_experts,
     const float* __restrict__ static_scale, uint8_t* __restrict__ h_q, float* __restrict__ h_scale) {
   constexpr int kLanes = kGroup == 0 ? 1 : kGroup / 8;
@@ -62,9 +63,9 @@ __global__ void __launch_bounds__(256) moe_activation_quantize_kernel(
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = 0.0f;
     if (valid && r < routed) {
-      const float* row = y + r * ld;
+      const T* row = y + r * ld;
       if (layout == MoeGateLayout::Interleaved) {
-        Vec8<float> a, b;
+        Vec8<T> a, b;
         a.load_streaming(row + 2 * c);
         b.load_streaming(row + 2 * c + 8);
         float g[16];
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(256) moe_activation_quantize_kernel(
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = moe_gated_act(act_kind, limit, alpha, g[2 * j], g[2 * j + 1]);
       } else if (layout == MoeGateLayout::Halves) {
-        Vec8<float> gate, up;
+        Vec8<T> gate, up;
         gate.load_streaming(row + c);
         up.load_streaming(row + inter + c);
         float g[8], u[8];
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(256) moe_activation_quantize_kernel(
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = moe_gated_act(act_kind, limit, alpha, g[j], u[j]);
       } else {
-        Vec8<float> up;
+        Vec8<T> up;
         up.load_streaming(row + c);
         float u[8];
         up.to_float(u);

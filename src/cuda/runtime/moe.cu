@@ -41,7 +41,16 @@ namespace {
 
 // The one-pass activation + requantization for group sizes 32, 64, 128 and 256 and static scales (one per expert);
 // false (nothing launched) for other groups.
-bool launch_moe_activation_quantize(const float* y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout,
+// Whether moe_activation_quantize_kernel serves the recipe (static scales, or dynamic groups of 32..256 dividing I);
+// the others take the activation kernel and the general quantizer.
+bool moe_one_pass_serves(const ActivationRecipe& act, int64_t inter) {
+  if (act.is_static()) return true;
+  const int g = act.group_size;
+  return (g == 32 || g == 64 || g == 128 || g == 256) && inter % g == 0;
+}
+
+template <typename T>
+bool launch_moe_activation_quantize(const T* y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout,
                                     const MoeArgs& args, const ActivationRecipe& act, const int32_t* offsets,
                                     int num_experts, const float* static_scale, uint8_t* h_q, float* h_scale, cudaStream_t stream) {
   const int64_t threads = rows * inter / 8;
@@ -56,15 +65,15 @@ bool launch_moe_activation_quantize(const float* y, int64_t ld, int64_t rows, in
   if (act.is_static()) {
     if (static_scale == nullptr)
       throw Error("down_act_scale: a static activation recipe needs the intermediate's per-expert scales, got none");
-    return go(moe_activation_quantize_kernel<0, false>);
+    return go(moe_activation_quantize_kernel<0, false, T>);
   }
   const bool pow2 = act.pow2_scale;
   if (act.group_size <= 0 || inter % act.group_size != 0) return false;  // the quantizer's fallback names the error
   switch (act.group_size) {
-    case 32: return pow2 ? go(moe_activation_quantize_kernel<32, true>) : go(moe_activation_quantize_kernel<32, false>);
-    case 64: return pow2 ? go(moe_activation_quantize_kernel<64, true>) : go(moe_activation_quantize_kernel<64, false>);
-    case 128: return pow2 ? go(moe_activation_quantize_kernel<128, true>) : go(moe_activation_quantize_kernel<128, false>);
-    case 256: return pow2 ? go(moe_activation_quantize_kernel<256, true>) : go(moe_activation_quantize_kernel<256, false>);
+    case 32: return pow2 ? go(moe_activation_quantize_kernel<32, true, T>) : go(moe_activation_quantize_kernel<32, false, T>);
+    case 64: return pow2 ? go(moe_activation_quantize_kernel<64, true, T>) : go(moe_activation_quantize_kernel<64, false, T>);
+    case 128: return pow2 ? go(moe_activation_quantize_kernel<128, true, T>) : go(moe_activation_quantize_kernel<128, false, T>);
+    case 256: return pow2 ? go(moe_activation_quantize_kernel<256, true, T>) : go(moe_activation_quantize_kernel<256, false, T>);
     default: return false;
   }
 }
@@ -163,23 +172,36 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
     // Unfused group and static recipes (FINEGEMM_MOE_UNFUSED): gate_up on the Store path's 128x128 tiles (two
     // accumulator sets), then one pass applies the activation and requantizes (moe_activation_quantize_kernel).
     // NOTE: the intermediate reaches memory in F32 on these paths only (the fused path keeps it in registers).
-    StreamScratch y_gu(rows * gate_up_rows * 4, stream);
+    // FINEGEMM_MOE_SCRATCH=bf16: gate_up stores BF16 where the one-pass kernel follows (half the bytes written and
+    // read back: 537 MB of 1074 at DeepSeek-V3 T = 4096; the activation then sees BF16-rounded gate and up values).
+    // Off by default (not yet measured on the GPU).
+    const char* scratch_env = std::getenv("FINEGEMM_MOE_SCRATCH");
+    if (scratch_env && *scratch_env && std::strcmp(scratch_env, "bf16") != 0 && std::strcmp(scratch_env, "f32") != 0)
+      throw Error(std::string("FINEGEMM_MOE_SCRATCH: expected bf16 or f32, got '") + scratch_env + "'");
+    const bool bf16_scratch = !per_token && scratch_env && std::strcmp(scratch_env, "bf16") == 0 &&
+                              moe_one_pass_serves(act, inter);
+    StreamScratch y_gu(rows * gate_up_rows * (bf16_scratch ? 2 : 4), stream);
     GemmParams p = moe_expert_gemm_params(args, true, rows);
     if (per_token)
       set_activation_scales(p, act, in.x_scale, 1, 1, hidden, nullptr);
     else
       set_activation_scales(p, act, in.x_scale, x_scale_cols, 1, hidden, in.gate_up_act_scale);
     p.out = y_gu.as<void>();
-    p.out_dtype = OutDType::F32;
+    p.out_dtype = bf16_scratch ? OutDType::BF16 : OutDType::F32;
     p.ldo = gate_up_rows;
     launch_sm90_fp8_grouped_gemm(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], layout, Epilogue::Store,
                                  p, stream);
     const MoeGateLayout gate_layout = moe_gate_layout(args);
     const int32_t* routed = in.expert_offsets + in.num_experts;
     const int blocks = static_cast<int>(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16));
-    if (!per_token && launch_moe_activation_quantize(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout, args,
-                                                     act, in.expert_offsets, in.num_experts, in.down_act_scale,
-                                                     h_q.as<uint8_t>(), h_scale.as<float>(), stream)) {
+    if (bf16_scratch) {
+      launch_moe_activation_quantize(y_gu.as<__nv_bfloat16>(), gate_up_rows, rows, inter, gate_layout, args, act,
+                                     in.expert_offsets, in.num_experts, in.down_act_scale, h_q.as<uint8_t>(),
+                                     h_scale.as<float>(), stream);
+    } else if (!per_token && launch_moe_activation_quantize(y_gu.as<float>(), gate_up_rows, rows, inter, gate_layout,
+                                                            args, act, in.expert_offsets, in.num_experts,
+                                                            in.down_act_scale, h_q.as<uint8_t>(), h_scale.as<float>(),
+                                                            stream)) {
       // done in one pass
     } else {
       StreamScratch h(rows * inter * 4, stream);
