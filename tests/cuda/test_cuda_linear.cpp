@@ -452,6 +452,33 @@ TEST_F(CudaTest, LeanEpilogueSameBits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// Early stage release (FINEGEMM_GEMM_EARLY_RELEASE=1, off by default): with 128-wide promotion and the B scales in
+// registers a consumer warp releases the stage right after its wgmma group completes, before the promotion's FMAs.
+// The same arithmetic, so the same bits: 192x128 (alone and in pairs), 128x128 with two accumulator sets and with
+// one (pingpong), 128x64; a 64-row B scale block recipe (the scale changes inside the tile) and a per-column one
+// (scales read from shared memory after the wait: no early release). K = 8192 wraps the ring many times; M = 300
+// gives CTAs several tiles.
+TEST_F(CudaTest, EarlyReleaseSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7], recipes[9]};
+  for (const auto& [config, double_acc] : {std::pair<const char*, const char*>{"192x128:1", "1"}, {"192x128:1c2", "1"},
+                                           {"128x128:1", "1"}, {"128x128:1", "0"}, {"128x64:1", "1"}, {"", "1"}}) {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config), acc("FINEGEMM_GEMM_DOUBLE_ACC", double_acc);
+    for (const auto& recipe : kinds) {
+      if (cuda::promotion_k(recipe.weight, recipe.activation) % 128 != 0) continue;
+      const int64_t m = 300, n = 1000, k = 8192;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
+      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_EARLY_RELEASE", c.args);
+      EXPECT_TRUE(runs.same_bits()) << config << " double_acc=" << double_acc << " " << recipe.name;
+      if (*config) continue;
+      const Buffer ref = run_reference(c.args, DType::F32, m, n);
+      const auto cmp = testing::compare(runs.on, ref);
+      EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+      EXPECT_LE(cmp.rel, 1e-3) << recipe.name;
+    }
+  }
+}
+
 // The lean epilogue's wide stores (FINEGEMM_GEMM_WIDE_STORES, on by default for dense calls): each quad of lanes transposes its
 // chunks by shuffles and a lane stores eight columns at once; same values, so the same bits as the default stores.
 // Every tile shape (clusters too), BF16 / F16 / F32 outputs, a partial last row block (M = 200) and a partial last

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Next session's first call (after scripts/pack-prebuilt; cp this into .snap; carry [".snap"]): stop 25's unmeasured
 # clusters. First a smoke run of each new kernel under a short timeout (a deadlock shows as rc=124 there, not as a
-# lost call), then their tests, then the dense 2x2 clusters (c4) against the default at five M = 4096 shapes and
-# without promotion, the grouped pairs sharing A, the n-block-major expert order and BF16 expert outputs in the MoE
-# layer, then the linear tests stop 25 did not reach.
+# lost call), then their tests, then the dense 2x2 clusters (c4) and the early stage release against the default at
+# five M = 4096 shapes and without promotion, decode and M = 128 configs, the grouped pairs sharing A, the n-block-major
+# expert order and the BF16 expert outputs and gate_up scratch in the MoE layer, then the linear tests stop 25 did not
+# reach.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -30,11 +31,11 @@ for l in open(sys.argv[1]):
 V=block-fp32-dynamic
 run smoke_c4 1024 1024:1024 $V 'FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4' 30
 moe smoke_grouped FINEGEMM_GROUPED_CLUSTER=1 qwen3-30b-a3b 2048 30
-timeout 170 $B/tests/test_cuda_linear --gtest_filter='*ClustersOfFour*:*EveryTileConfig*:*SharedATilesPastN*:*WideStoresSameBits*:GemmConfig*' >$W/test_c4.txt 2>&1
+timeout 170 $B/tests/test_cuda_linear --gtest_filter='*ClustersOfFour*:*EarlyRelease*:*EveryTileConfig*:*SharedATilesPastN*:*WideStoresSameBits*:GemmConfig*' >$W/test_c4.txt 2>&1
 echo "c4 tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_c4.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_c4.txt | head -10
 timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedSharedAPairs*:*GroupedNMajor*:*ExpertOutputsBf16*:*GateUpScratchBf16*' >$W/test_pairs.txt 2>&1
 echo "grouped pairs / n-major / bf16 y tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_pairs.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_pairs.txt | head -10
-E=';FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4;FINEGEMM_GEMM_CONFIG=192x128:1c2a'
+E=';FINEGEMM_GEMM_EARLY_RELEASE=1;FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4;FINEGEMM_GEMM_CONFIG=192x128:1c4,FINEGEMM_GEMM_EARLY_RELEASE=1;FINEGEMM_GEMM_CONFIG=192x128:1c2a'
 for nk in 7168:16384 4096:7168 24576:1536 2112:7168 7168:2048; do run c4_${nk/:/_} 4096 $nk $V "$E"; done
 run c4_nopromote 4096 7168:16384 channel-token 'FINEGEMM_GEMM_FP32_ACCUM=0;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2a'
 run c4_m2048 2048 7168:16384 $V "$E"

@@ -39,8 +39,12 @@ struct GemmParams {
   // The lean loop's stores 16 bytes wide: each quad of lanes transposes its four 8-column chunks by shuffles, so that
   // a lane writes eight consecutive columns (one store per chunk group and row, whole 32-byte sectors) where it wrote
   // two. Same values. Set by apply_env_switches where FINEGEMM_GEMM_WIDE_STORES=1 and the output allows it (16-byte
-  // aligned rows, N a multiple of 8); off until measured on the H200.
+  // aligned rows, N a multiple of 8). Dense on, grouped off (gemm_launch.cuh).
   bool wide_stores = false;
+  // With 128-wide promotion and the B scales in registers: a consumer warp releases the stage as soon as its wgmma
+  // group has completed, before the promotion's FMAs (the stage's shared memory is no longer read by then), so that
+  // the producer refills it ~100-200 cycles sooner. FINEGEMM_GEMM_EARLY_RELEASE=1; off until measured on the H200.
+  bool early_release = false;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while

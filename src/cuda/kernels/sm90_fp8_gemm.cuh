@@ -663,7 +663,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     // it may still run), then total += a · scales, by the tile's B scale pattern b_split (promote_split's kSplit, or
     // -1: per chunk from shared memory).
     // NOTE: not a generic lambda (the wait passed as a callable): that crashed cicc (CUDA 13.0).
-    auto promote_slice = [&](float(&a)[kNumAcc], int st, int sub, int ch, int b_split, bool pending) {
+    // release_early: with the B scales in registers (b_split kSplitNone, 8 or 16) the stage is released right after
+    // the wait (GemmParams::early_release); returns whether it was.
+    auto promote_slice = [&](float(&a)[kNumAcc], int st, int sub, int ch, int b_split, bool pending,
+                             bool release_early = false) {
       const float* sa = stage_scales_a(st, sub);
       const float* sb = stage_scales_b(st, sub);
       const float sa0 = sa[row_in_tile], sa1 = sa[row_in_tile + 8];
@@ -673,6 +676,15 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       if (pending) ptx::wgmma_wait<1>();
       else ptx::wgmma_wait<0>();
       ptx::fence_operands(a);
+      // E4M3 B with 128-wide promotion only (the FP4 kernels keep their register allocation).
+      const bool released = kPromoteK == 128 && !kFp4B && release_early &&
+                            (b_split == kSplitNone || b_split == 8 || b_split == 16);
+      if (released) {
+        // The scales must have arrived in registers before the stage goes back (the asm takes them as inputs).
+        asm volatile("" ::"f"(lo0), "f"(lo1), "f"(hi0), "f"(hi1));
+        __syncwarp();
+        if (lane == 0) release(st);
+      }
       if (b_split == kSplitNone) {
         promote_split<kSplitNone, WGMMA_N>(total, a, lo0, lo1, lo0, lo1, ch);
       } else if (b_split == 8) {
@@ -682,6 +694,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       } else {
         promote(a, sa0, sa1, sb, s_lo, ch);
       }
+      return released;
     };
     // Pingpong (p.pingpong, two consumer warpgroups): the warpgroups issue their wgmma groups in turn (named
     // barriers 1 and 2), so that one promotes while the other's wgmma runs. Without it both wait on the same stage,
@@ -769,7 +782,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
             // issued after it may still run. Then release the stage.
             auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
-              promote_slice(a, st, 0, 0, b_split, pending);
+              if (promote_slice(a, st, 0, 0, b_split, pending, p.early_release)) return;
               __syncwarp();
               if (lane == 0) release(st);
             };
@@ -815,6 +828,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             ptx::mbar_wait_shared(full_addr + stage * 8, phase);
             const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
             const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
+            bool released = false;
             // kSlices promotion slices of this K block, each of 4 / kSlices wgmma k32 steps.
             auto mma_promote = [&](auto slices) {
               constexpr int kSlices = decltype(slices)::value;
@@ -835,7 +849,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                   }
                   ptx::wgmma_commit();
                   order_after_issue();
-                  promote_slice(acc, stage, sub, ch, b_split, false);
+                  // Early release only where this group is the stage's last (one slice, one chunk).
+                  released = promote_slice(acc, stage, sub, ch, b_split, false,
+                                           kSlices == 1 && kNChunks == 1 && p.early_release);
                 }
               }
             };
@@ -845,9 +861,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             } else {
               mma_promote(std::integral_constant<int, kSubs>{});
             }
-            // Release the stage to the producer: one arrive per warp.
-            __syncwarp();
-            if (lane == 0) release(stage);
+            // Release the stage to the producer: one arrive per warp (unless the promotion did already).
+            if (!released) {
+              __syncwarp();
+              if (lane == 0) release(stage);
+            }
           }
         }
       } else if constexpr (!kPromote) {
