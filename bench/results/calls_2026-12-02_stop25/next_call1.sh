@@ -28,6 +28,8 @@ for l in open(sys.argv[1]):
         r = json.loads(l); print("  %-14s T=%-6d %-6s layer_us=%9.1f gemm_tflops=%6.1f" % (r["layer"], r["T"], r["check"], r["layer_us"], r["gemm_tflops"]))
 ' $W/moe_$1.jsonl
 }
+# Each step after the tests runs only while the call has time left, so that the results are packed before 600 s.
+before() { [ $(( $(date +%s) - s0 )) -lt $1 ] || { echo "skipped (past $1 s): $*"; return 1; }; }
 V=block-fp32-dynamic
 run smoke_c4 1024 1024:1024 $V 'FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4' 30
 moe smoke_grouped FINEGEMM_GROUPED_CLUSTER=1 qwen3-30b-a3b 2048 30
@@ -36,20 +38,20 @@ echo "c4 tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_c4.txt | awk '{print 
 timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedSharedAPairs*:*GroupedNMajor*:*ExpertOutputsBf16*:*GateUpScratchBf16*' >$W/test_pairs.txt 2>&1
 echo "grouped pairs / n-major / bf16 y tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_pairs.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -E "Failure" -A3 $W/test_pairs.txt | head -10
 E=';FINEGEMM_GEMM_EARLY_RELEASE=1;FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_CONFIG=128x128:1c4;FINEGEMM_GEMM_CONFIG=192x128:1c4,FINEGEMM_GEMM_EARLY_RELEASE=1;FINEGEMM_GEMM_CONFIG=192x128:1c2a'
-for nk in 7168:16384 4096:7168 24576:1536 2112:7168 7168:2048; do run c4_${nk/:/_} 4096 $nk $V "$E"; done
-run c4_nopromote 4096 7168:16384 channel-token 'FINEGEMM_GEMM_FP32_ACCUM=0;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2a'
-run c4_m2048 2048 7168:16384 $V "$E"
+for nk in 7168:16384 4096:7168 24576:1536 2112:7168 7168:2048; do before 470 && run c4_${nk/:/_} 4096 $nk $V "$E"; done
+before 470 && run c4_nopromote 4096 7168:16384 channel-token 'FINEGEMM_GEMM_FP32_ACCUM=0;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c4;FINEGEMM_GEMM_FP32_ACCUM=0,FINEGEMM_GEMM_CONFIG=192x128:1c2a'
+before 470 && run c4_m2048 2048 7168:16384 $V "$E"
 # Decode at M = 1 (issue 3's 3.0 TB/s bar: 12.6 us at N = 24576 K = 1536, 9.8 at N = 4096 K = 7168; stop 25: 13.0, 12.9).
-run dec24576 1 24576:1536 $V ';FINEGEMM_DECODE_ROWS=128;FINEGEMM_FP4_DECODE_SPLIT=2;FINEGEMM_PDL=0'
-run dec4096 1 4096:7168 $V ';FINEGEMM_DECODE_ROWS=128;FINEGEMM_FP4_DECODE_SPLIT=2;FINEGEMM_FP4_DECODE_SPLIT=8'
+before 470 && run dec24576 1 24576:1536 $V ';FINEGEMM_DECODE_ROWS=128;FINEGEMM_FP4_DECODE_SPLIT=2;FINEGEMM_PDL=0'
+before 470 && run dec4096 1 4096:7168 $V ';FINEGEMM_DECODE_ROWS=128;FINEGEMM_FP4_DECODE_SPLIT=2;FINEGEMM_FP4_DECODE_SPLIT=8'
 # M = 128 N = 7168 K = 16384 (0.94x cuBLASLt at 52.7 us): other tiles and split counts.
-run m128 128 7168:16384 $V ';FINEGEMM_GEMM_CONFIG=128x64:1;FINEGEMM_GEMM_CONFIG=128x64:2;FINEGEMM_GEMM_CONFIG=128x128:3;FINEGEMM_GEMM_CONFIG=64x128:2;FINEGEMM_GEMM_CONFIG=64x64:2'
-moe def '' deepseek-v3,qwen3-30b-a3b 2048,4096,16384
-moe pairs FINEGEMM_GROUPED_CLUSTER=1 deepseek-v3,qwen3-30b-a3b 2048,4096,16384
-moe nmajor FINEGEMM_GROUPED_ORDER=n deepseek-v3,qwen3-30b-a3b 4096,16384
-moe ybf16 FINEGEMM_MOE_Y=bf16 deepseek-v3,qwen3-30b-a3b 2048,4096
-moe scratch16 FINEGEMM_MOE_SCRATCH=bf16 deepseek-v3,qwen3-30b-a3b 2048,4096
-moe both16 'FINEGEMM_MOE_Y=bf16 FINEGEMM_MOE_SCRATCH=bf16' deepseek-v3,qwen3-30b-a3b 4096
+before 470 && run m128 128 7168:16384 $V ';FINEGEMM_GEMM_CONFIG=128x64:1;FINEGEMM_GEMM_CONFIG=128x64:2;FINEGEMM_GEMM_CONFIG=128x128:3;FINEGEMM_GEMM_CONFIG=64x128:2;FINEGEMM_GEMM_CONFIG=64x64:2'
+before 470 && moe def '' deepseek-v3,qwen3-30b-a3b 2048,4096,16384
+before 470 && moe pairs FINEGEMM_GROUPED_CLUSTER=1 deepseek-v3,qwen3-30b-a3b 2048,4096,16384
+before 470 && moe nmajor FINEGEMM_GROUPED_ORDER=n deepseek-v3,qwen3-30b-a3b 4096,16384
+before 470 && moe ybf16 FINEGEMM_MOE_Y=bf16 deepseek-v3,qwen3-30b-a3b 2048,4096
+before 470 && moe scratch16 FINEGEMM_MOE_SCRATCH=bf16 deepseek-v3,qwen3-30b-a3b 2048,4096
+before 470 && moe both16 'FINEGEMM_MOE_Y=bf16 FINEGEMM_MOE_SCRATCH=bf16' deepseek-v3,qwen3-30b-a3b 4096
 left=$(( 560 - $(date +%s) + s0 ))
 [ $left -gt 30 ] && timeout $left $B/tests/test_cuda_linear --gtest_filter='AllRecipes*:*Fp32Accum*:*PreQuantized*' >$W/test_lin.txt 2>&1
 echo "linear tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' $W/test_lin.txt | tr '\n' ' ') $(grep -c '^\[       OK' $W/test_lin.txt) ok"; grep -E "Failure" -A3 $W/test_lin.txt | head -10
