@@ -39,8 +39,16 @@ bool moe_gate_up_unfused(int64_t rows, int64_t gate_up_cols) {
 
 namespace {
 
-// The one-pass activation + requantization for group sizes 32, 64, 128 and 256 and static scales (one per expert);
-// false (nothing launched) for other groups.
+// A dtype switch for scratch buffers (FINEGEMM_MOE_SCRATCH, FINEGEMM_MOE_Y): true for "bf16", false for "f32",
+// nothing when unset; any other value is an error that names the variable.
+std::optional<bool> forced_bf16(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  if (std::strcmp(v, "bf16") == 0) return true;
+  if (std::strcmp(v, "f32") == 0) return false;
+  throw Error(std::string(name) + ": expected bf16 or f32, got '" + v + "'");
+}
+
 // Whether moe_activation_quantize_kernel serves the recipe (static scales, or dynamic groups of 32..256 dividing I);
 // the others take the activation kernel and the general quantizer.
 bool moe_one_pass_serves(const ActivationRecipe& act, int64_t inter) {
@@ -49,6 +57,8 @@ bool moe_one_pass_serves(const ActivationRecipe& act, int64_t inter) {
   return (g == 32 || g == 64 || g == 128 || g == 256) && inter % g == 0;
 }
 
+// The one-pass activation + requantization for group sizes 32, 64, 128 and 256 and static scales (one per expert);
+// false (nothing launched) for other groups.
 template <typename T>
 bool launch_moe_activation_quantize(const T* y, int64_t ld, int64_t rows, int64_t inter, MoeGateLayout layout,
                                     const MoeArgs& args, const ActivationRecipe& act, const int32_t* offsets,
@@ -175,11 +185,8 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
     // FINEGEMM_MOE_SCRATCH=bf16: gate_up stores BF16 where the one-pass kernel follows (half the bytes written and
     // read back: 537 MB of 1074 at DeepSeek-V3 T = 4096; the activation then sees BF16-rounded gate and up values).
     // Off by default (not yet measured on the GPU).
-    const char* scratch_env = std::getenv("FINEGEMM_MOE_SCRATCH");
-    if (scratch_env && *scratch_env && std::strcmp(scratch_env, "bf16") != 0 && std::strcmp(scratch_env, "f32") != 0)
-      throw Error(std::string("FINEGEMM_MOE_SCRATCH: expected bf16 or f32, got '") + scratch_env + "'");
-    const bool bf16_scratch = !per_token && scratch_env && std::strcmp(scratch_env, "bf16") == 0 &&
-                              moe_one_pass_serves(act, inter);
+    const bool bf16_scratch =
+        forced_bf16("FINEGEMM_MOE_SCRATCH").value_or(false) && !per_token && moe_one_pass_serves(act, inter);
     StreamScratch y_gu(rows * gate_up_rows * (bf16_scratch ? 2 : 4), stream);
     GemmParams p = moe_expert_gemm_params(args, true, rows);
     if (per_token)
@@ -276,12 +283,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   // NOTE: y is FP32 while it stays under 1 GiB (exact sums in the combine), BF16 beyond (T·k·H large prefill).
   // FINEGEMM_MOE_Y=bf16 / f32 forces either (comparisons: at DeepSeek-V3 T = 4096 the FP32 y is 940 MB, written by
   // down and read by the combine; not yet measured on the GPU).
-  bool y_f32 = rows * hidden * 4 <= (int64_t(1) << 30);
-  if (const char* forced = std::getenv("FINEGEMM_MOE_Y"); forced && *forced) {
-    if (std::strcmp(forced, "bf16") != 0 && std::strcmp(forced, "f32") != 0)
-      throw Error(std::string("FINEGEMM_MOE_Y: expected bf16 or f32, got '") + forced + "'");
-    y_f32 = std::strcmp(forced, "f32") == 0;
-  }
+  const bool y_f32 = !forced_bf16("FINEGEMM_MOE_Y").value_or(rows * hidden * 4 > (int64_t(1) << 30));
   StreamScratch y(rows * hidden * (y_f32 ? 4 : 2), stream);
   std::optional<MoeDecodeScratch> decode_scratch;
   if (decode) decode_scratch.emplace(args, rows, num_experts, stream);
