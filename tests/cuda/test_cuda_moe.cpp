@@ -170,12 +170,6 @@ TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) {
   every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "128", "192"});
 }
 
-// The gate_up output in BF16 before the one-pass activation and requantization (FINEGEMM_MOE_SCRATCH=bf16, off by
-// default; recipes the one-pass kernel does not serve keep F32), and forced F32.
-TEST_F(CudaMoe, GateUpScratchBf16AndF32EveryRecipe) {
-  every_recipe_on_grouped_path("FINEGEMM_MOE_SCRATCH", {"bf16", "f32"});
-}
-
 // The expert outputs y in BF16 (FINEGEMM_MOE_Y=bf16; by default FP32 while y stays under 1 GiB, so that the BF16 y
 // of large prefills runs here too) and forced FP32.
 TEST_F(CudaMoe, ExpertOutputsBf16AndF32EveryRecipe) { every_recipe_on_grouped_path("FINEGEMM_MOE_Y", {"bf16", "f32"}); }
