@@ -21,7 +21,7 @@ prof cublas_4096 '^(?!.*(fill|elementwise|vectorized|copy|pad|Memset)).*' 1 pyth
 FINEGEMM_GEMM_CONFIG=128x128:1c2 prof ours128c2_4096 sm90_fp8_gemm 3 $B/bench/bench_cuda_linear --m 4096 --nk 7168:16384
 timeout 120 $B/tests/test_cuda_moe --gtest_filter='CudaMoe.EveryRecipe*:CudaMoe.GateUpFused*:CudaMoe.ExpertOutputs*' >$W/test_moe.txt 2>&1
 echo "moe tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_moe.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ') ($(( $(date +%s) - s0 )) s)"; grep -A3 Failure $W/test_moe.txt | head
-left=$(( 400 - $(date +%s) + s0 ))
+left=$(( 250 - $(date +%s) + s0 ))
 [ $left -gt 60 ] && OUT=$W/san GPU_CHECK_DEADLINE=$left scripts/gpu-check sanitize 2>&1 | tail -12
 cd $OUT && tar czf all.tgz w && rm -rf w
 echo "total $(( $(date +%s) - s0 )) s"
