@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "cluster_ring_probe.hpp"
 #include "core/device_buffer.hpp"
 #include "core/formats.hpp"
 #include "cuda/runtime/gemm_args.hpp"
@@ -886,6 +887,14 @@ TEST_F(CudaEdge, MoeOutOfRangeExpertIndicesAreSkipped) {
                               << " out-of-range slots: rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
   }
 }
+
+// The GEMM's stage-release protocol alone (cluster_ring_probe.cu), in one CTA, in a 2-CTA cluster with the GEMM's
+// remote arrival, and with a cluster-scope release on it: every consumer read must see its lap's value. Their point is
+// compute-sanitizer racecheck (scripts/gpu-check sanitize runs each alone), which tells whether the hazards it
+// reports in the cluster GEMM kernels come from the protocol or from how the tool follows remote arrivals.
+TEST_F(CudaEdge, ClusterRingProbeOneCta) { EXPECT_EQ(testing::run_cluster_ring_probe(0), 0); }
+TEST_F(CudaEdge, ClusterRingProbePairRemoteArrive) { EXPECT_EQ(testing::run_cluster_ring_probe(1), 0); }
+TEST_F(CudaEdge, ClusterRingProbePairReleaseCluster) { EXPECT_EQ(testing::run_cluster_ring_probe(2), 0); }
 
 }  // namespace
 }  // namespace finegemm

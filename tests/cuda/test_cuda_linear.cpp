@@ -423,6 +423,26 @@ TEST_F(CudaTest, SharedATilesPastN) {
   }
 }
 
+// 2-CTA clusters sharing B ("c2", the default for 192x128 tiles where the row blocks pair up): each CTA loads half of
+// B into both. M = 500 gives three 192-row blocks (and four 128-row blocks, the last partial), so with 192-row tiles
+// the second CTA of the last pair has no rows at all; N = 300 and K = 1152 as in SharedATilesPastN. Its other use is
+// compute-sanitizer racecheck on the default cluster kernels (scripts/gpu-check sanitize).
+TEST_F(CudaTest, SharedBTilesPastM) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7]};
+  for (const char* config : {"128x128:1c2", "192x128:1c2"}) {
+    const ScopedEnv scope("FINEGEMM_GEMM_CONFIG", config);
+    for (const auto& recipe : kinds) {
+      const int64_t m = 500, n = 300, k = 1152;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, true);
+      const Buffer ref = run_reference(c.args, DType::BF16, m, n);
+      const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+      EXPECT_EQ(cmp.non_finite, 0) << config << " " << recipe.name;
+      EXPECT_LE(cmp.rel, 3e-3) << config << " " << recipe.name;
+    }
+  }
+}
+
 // The lean Store epilogue (on by default; FINEGEMM_GEMM_LEAN_EPILOGUE=0 turns it off): outputs without column scale
 // or bias take a loop per dtype without the per-element switches; same arithmetic, so the same bits. Cases that keep
 // the general loop (bias, the per-channel recipe's column scales) are compared too, and the default run is checked
