@@ -499,6 +499,34 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
   }
 }
 
+// The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
+// with M-major scales ([K/128, M rounded up to 4]) and the GEMM's TMA thread copies each stage's run of the tile's
+// rows with cp.async.bulk, so the loader warps stage the B scales only. Same scales and arithmetic, so the same bits:
+// every 128-promoting tile config (pairs sharing B with the last pair's second CTA past M, pairs sharing A, split-K),
+// FP32 / UE8M0 / packed / 64-row B scale blocks, M = 301 (three padding rows in the scale layout, a partial last row
+// block) and M = 1000; checked against the reference once per recipe.
+TEST_F(CudaTest, BulkScaleCopiesSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[7]};
+  for (const char* config : {"", "128x128:1", "192x128:1", "192x128:1c2", "128x128:1c2", "128x128:1c2a",
+                             "128x192:1", "128x64:1", "64x128:1", "128x128:3"}) {
+    const testing::ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+    for (const auto& recipe : kinds) {
+      for (int64_t m : {301, 1000}) {
+        const int64_t n = 1000, k = 1024;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
+        const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_SCALE_BULK", c.args);
+        EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " M=" << m;
+        if (*config || m != 301) continue;
+        const Buffer ref = run_reference(c.args, DType::F32, m, n);
+        const auto cmp = testing::compare(runs.on, ref);
+        EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+        EXPECT_LE(cmp.rel, 1e-3) << recipe.name;
+      }
+    }
+  }
+}
+
 // The lean epilogue's wide stores (FINEGEMM_GEMM_WIDE_STORES, on by default for dense calls): each quad of lanes transposes its
 // chunks by shuffles and a lane stores eight columns at once; same values, so the same bits as the default stores.
 // Every tile shape (clusters too), BF16 / F16 / F32 outputs, a partial last row block (M = 200) and a partial last

@@ -8,6 +8,8 @@
 #    M = 4096 N = 7168 K = 16384) loses: one accumulator set (cuBLASLt's loop) vs two, pingpong off, and no promotion
 #    at all (channel-token with FINEGEMM_GEMM_FP32_ACCUM=0: no scale loaders, no FMAs), at the two M = 4096 bar shapes.
 # 3. ncu of the no-promotion 128x128:1c2 kernel: does it also retry its full-barrier waits ~once per K block?
+# Before 2: the A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, stop 26, never run): its test, then
+# timed against the loaders' gathers.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -22,10 +24,25 @@ for l in open(sys.argv[1]):
 ' $W/$1.txt
 }
 before() { [ $(( $(date +%s) - s0 )) -lt $1 ] || { echo "skipped (past $1 s): $*"; return 1; }; }
-OUT=$W/san GPU_CHECK_DEADLINE=200 scripts/gpu-check sanitize 2>&1 | tail -16
+timeout 120 $B/tests/test_cuda_linear --gtest_filter='CudaTest.BulkScaleCopiesSameBits:CudaTest.SharedBTilesPastM' >$W/test_bulk.txt 2>&1
+echo "bulk scale / pairs-B tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_bulk.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -A3 Failure $W/test_bulk.txt | head
+OUT=$W/san GPU_CHECK_DEADLINE=180 scripts/gpu-check sanitize 2>&1 | tail -16
 C=FINEGEMM_GEMM_CONFIG=128x128:1c2
 N=FINEGEMM_GEMM_FP32_ACCUM=0  # per-channel x per-token without the FP32 promotion past K = 4096: no promotion at all
 E=";$C;$C,FINEGEMM_GEMM_DOUBLE_ACC=0;$C,FINEGEMM_GEMM_DOUBLE_ACC=0,FINEGEMM_GEMM_PINGPONG=0;FINEGEMM_GEMM_CONFIG=128x128:1"
+# The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1; BF16 input, so that linear() quantizes them
+# M-major; both rows time the quantization too).
+BULK='FINEGEMM_GEMM_SCALE_BULK=0;FINEGEMM_GEMM_SCALE_BULK=1;FINEGEMM_GEMM_SCALE_BULK=1,FINEGEMM_GEMM_CONFIG=128x128:1c2'
+for nk in 7168:16384 4096:7168 24576:1536; do
+  before 300 && FINEGEMM_PRINT_CONFIG=1 timeout 90 $B/bench/bench_cuda_linear --bf16-input --m 4096 --nk $nk --envs "$BULK" \
+    >$W/bulk_${nk/:/_}.txt 2>$W/bulk_${nk/:/_}.err
+  echo "== bulk M=4096 $nk rc=$?"; python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l); print("  env=%-60s us=%8.2f graph=%7.2f tflops=%7.1f rel=%.2e" % (r["env"] or "default", r["us"], r["us_graph"], r["tflops"], r["rel_err"]))
+' $W/bulk_${nk/:/_}.txt
+done
 for nk in 7168:16384 4096:7168; do
   before 380 && run acc_${nk/:/_} 4096 $nk block-fp32-dynamic "$E"
   before 380 && run nopro_${nk/:/_} 4096 $nk channel-token "$N;$N,$C;$N,FINEGEMM_GEMM_CONFIG=128x128:1"

@@ -45,6 +45,12 @@ struct GemmParams {
   // group has completed, before the promotion's FMAs (the stage's shared memory is no longer read by then), so that
   // the producer refills it ~100-200 cycles sooner. FINEGEMM_GEMM_EARLY_RELEASE=1; off until measured on the H200.
   bool early_release = false;
+  // A scales copied per stage by the TMA thread (cp.async.bulk of the tile's rows, one contiguous run of M-major scales
+  // [K/128][a_scale_stride_k]) instead of gathered row by row by the scale-loader warps, which then stage the B scales
+  // only: cuBLASLt's kernel reads its A scales as one 512-byte block per stage (stop 26). Set by
+  // launch_sm90_fp8_gemm where FINEGEMM_GEMM_SCALE_BULK=1 and the scales allow it (a_scale_bulk_ok); off until
+  // measured on the H200. linear() then has its quantizer write the scales M-major.
+  bool a_scale_bulk = false;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while

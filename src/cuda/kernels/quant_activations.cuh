@@ -233,11 +233,14 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 #endif
 }
 
+// scale_ld > 0: the scales M-major, scale (row, group) at group · scale_ld + row, with `scale_cols` groups per row (the
+// layout the GEMM's bulk scale copies read, GemmParams::a_scale_bulk); 0: row-major [M, K / kGroup].
 template <typename T, int kGroup, bool kPow2>
 __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel(const T* __restrict__ x,
                                                                                  uint8_t* __restrict__ x_q,
                                                                                  float* __restrict__ x_scale,
-                                                                                 int num_vectors) {
+                                                                                 int num_vectors, int scale_cols = 0,
+                                                                                 int scale_ld = 0) {
   allow_dependent_launch();
   static_assert(kGroup == 32 || kGroup == 64 || kGroup == 128, "kGroup: 32, 64 or 128");
   constexpr int kLanes = kGroup / 16;
@@ -273,7 +276,10 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel
       const float r = reciprocal_of_scale<kPow2>(s);
       reinterpret_cast<uint2*>(x_q)[vec0] = quantize8_by_reciprocal<kPow2>(v[0], s, r);
       reinterpret_cast<uint2*>(x_q)[vec1] = quantize8_by_reciprocal<kPow2>(v[1], s, r);
-      if (lane_in_group == 0) x_scale[vec0 / (kGroup / 8)] = s;
+      if (lane_in_group == 0) {
+        const int flat = vec0 / (kGroup / 8);  // row · scale_cols + group
+        x_scale[scale_ld > 0 ? (flat % scale_cols) * scale_ld + flat / scale_cols : flat] = s;
+      }
     }
   }
 }

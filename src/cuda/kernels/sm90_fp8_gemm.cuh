@@ -350,7 +350,19 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             ptx::tma_load_2d(raw_dst, &tma_b, &raw_full[stage], kb * kGemmBlockK / 2, b_row0);
             ptx::tma_load_2d(raw_dst + (BLOCK_N / 2) * kGemmBlockK / 2, &tma_b, &raw_full[stage], kb * kGemmBlockK / 2, b_row1);
           } else {
-            ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB);
+            // A scales by the async proxy (GemmParams::a_scale_bulk, groups of 128: group kb): the tile's rows up to M,
+            // in whole 16 bytes (at most three rows past M, inside the scale row's padding; never stored).
+            uint32_t scale_bytes = 0;
+            const float* scale_src = nullptr;
+            if constexpr (kPromoteK == 128 && !kFp4B) {
+              if (p.a_scale_bulk) {
+                const int rows = min(BLOCK_M, p.m - tile.m_row0);
+                scale_bytes = rows > 0 ? static_cast<uint32_t>((rows + 3) / 4 * 16) : 0u;
+                scale_src = p.a_scale + static_cast<int64_t>(min(kb, p.a_scale_cols - 1)) * p.a_scale_stride_k + tile.m_row0;
+              }
+            }
+            ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB + scale_bytes);
+            if (scale_bytes != 0) ptx::bulk_load(stage_scales_a(stage, 0), scale_src, scale_bytes, &full[stage]);
             if constexpr (kCluster == 4) {
               // Half of A (by this CTA's column in the block) into itself and r ^ 2, which has the same rows; half of
               // B (by its row in the block) into itself and r ^ 1, which has the same columns.
@@ -421,14 +433,18 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           }
         }
       };
+      // The TMA thread copies the A scales (GemmParams::a_scale_bulk): these warps stage the B scales only.
+      const bool a_bulk = kPromoteK == 128 && !kFp4B && p.a_scale_bulk;
       auto load = [&](const Cursor& c, int sub, float(&va)[kVa], float(&vb)[kVb]) {
         const int k_global = c.kb * kGemmBlockK + sub * kPromoteK;
         const int g = min(k_global / p.a_group, p.a_scale_cols - 1);
         const int kb_scale = min(k_global / p.b_block_k, p.b_scale_cols - 1);
+        if (!a_bulk) {
 #pragma unroll
-        for (int j = 0; j < kVa; ++j) {
-          const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
-          va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
+          for (int j = 0; j < kVa; ++j) {
+            const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
+            va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
+          }
         }
         // NOTE: 128-wide promotion of E4M3 B only (FP4 scales are per row); in the 32-wide kernels the extra path
         // made the grouped 128x128 kernel spill 8 bytes.
@@ -453,8 +469,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       auto store = [&](int stage, int sub, const float(&va)[kVa], const float(&vb)[kVb]) {
         float* sa = stage_scales_a(stage, sub);
         float* sb = stage_scales_b(stage, sub);
+        if (!a_bulk) {
 #pragma unroll
-        for (int j = 0; j < kVa; ++j) sa[lane + 32 * j] = va[j];
+          for (int j = 0; j < kVa; ++j) sa[lane + 32 * j] = va[j];
+        }
         if (kPromoteK == 128 && !kFp4B && b_chunk_uniform && p.chunk_scales) {
           if (lane < BLOCK_N / 8) sb[lane * 8] = vb[0];
           return;

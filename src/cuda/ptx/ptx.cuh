@@ -61,6 +61,12 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
   cp::cp_async_bulk_tensor(cp::space_cluster, cp::space_global, dst, map, coords, bar);
 }
 
+// A contiguous global → shared copy by the async proxy (cp.async.bulk), completing `bytes` on `bar`. Source and
+// destination 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  cp::cp_async_bulk(cp::space_cluster, cp::space_global, dst, src, bytes, bar);
+}
+
 // ---- clusters (2-CTA clusters sharing B tiles through TMA multicast)
 __device__ __forceinline__ uint32_t cluster_ctarank() { return cp::get_sreg_cluster_ctarank(); }
 // Every thread of every CTA of the cluster: arrive (release), then wait (acquire).

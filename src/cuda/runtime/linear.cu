@@ -51,7 +51,18 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
   if (args.x.dtype != DType::F8_E4M3) {
     q_buffer.emplace(static_cast<size_t>(m * k), stream);
     x_q = q_buffer->as<void>();
-    if (!args.activation.is_static()) {
+    // FINEGEMM_GEMM_SCALE_BULK=1: groups of 128 are written M-major ([K/128, M rounded up to 4]) for the GEMM's
+    // bulk scale copies (GemmParams::a_scale_bulk; prefill sizes, E4M3 weights promoted every 128).
+    const int64_t m_major_ld = (m + 3) / 4 * 4;
+    const bool m_major = !args.activation.is_static() && args.activation.granularity == ActGranularity::PerTokenGroup &&
+                         args.activation.group_size == 128 && !fp4 && promote_k == 128 && m > 64 &&
+                         m * k / 8 <= (int64_t{1} << 30) && a_scale_bulk_wanted();
+    if (m_major) {
+      s_buffer.emplace(sizeof(float) * static_cast<size_t>(m_major_ld * (k / 128)), stream);
+      x_scale = s_buffer->as<float>();
+      scale_stride_m = 1;
+      scale_stride_k = m_major_ld;
+    } else if (!args.activation.is_static()) {
       const auto shape = activation_scale_shape(args.activation, m, k);
       s_buffer.emplace(sizeof(float) * static_cast<size_t>(shape.size() == 2 ? shape[0] * shape[1] : shape[0]), stream);
       x_scale = s_buffer->as<float>();
@@ -59,7 +70,7 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
       scale_stride_k = 1;
     }
     launch_quantize_activations(args.x.data, args.x.dtype, m, k, args.activation, static_cast<uint8_t*>(const_cast<void*>(x_q)),
-                                const_cast<float*>(x_scale), stream);
+                                const_cast<float*>(x_scale), stream, m_major ? m_major_ld : 0);
     // The kernel ahead of the GEMM is now the quantization: a programmatic decode launch may request weights before
     // it waits (GemmParams::pdl_weights_ready).
     p.pdl_weights_ready = true;

@@ -49,14 +49,6 @@ std::optional<bool> forced_bf16(const char* name) {
   throw Error(std::string(name) + ": expected bf16 or f32, got '" + v + "'");
 }
 
-// Whether moe_activation_quantize_kernel serves the recipe (static scales, or dynamic groups of 32..256 dividing I);
-// the others take the activation kernel and the general quantizer.
-bool moe_one_pass_serves(const ActivationRecipe& act, int64_t inter) {
-  if (act.is_static()) return true;
-  const int g = act.group_size;
-  return (g == 32 || g == 64 || g == 128 || g == 256) && inter % g == 0;
-}
-
 // The one-pass activation + requantization for group sizes 32, 64, 128 and 256 and static scales (one per expert);
 // false (nothing launched) for other groups.
 template <typename T>

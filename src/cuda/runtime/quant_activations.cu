@@ -1,8 +1,10 @@
 // Host side of src/cuda/kernels/quant_activations.cuh: kernel choice, grids, launches.
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "cuda/kernels/quant_activations.cuh"
 #include "cuda/runtime/check.hpp"
@@ -41,13 +43,16 @@ unsigned resident_grid(int64_t blocks_needed) {
 // multiple of every group's vector count, so slices hold whole groups).
 inline constexpr int64_t kMaxSliceVectors = int64_t{1} << 30;
 
+// scale_ld > 0: M-major scales (one slice only: the caller checks num_vectors ≤ kMaxSliceVectors).
 template <typename T, int kGroup, bool kPow2>
-void launch_group(const T* x, int64_t num_vectors, uint8_t* x_q, float* x_scale, cudaStream_t stream) {
+void launch_group(const T* x, int64_t num_vectors, int64_t k, uint8_t* x_q, float* x_scale, int64_t scale_ld,
+                  cudaStream_t stream) {
   constexpr auto kernel = quant_per_token_group_kernel<T, kGroup, kPow2>;
   for (int64_t first = 0; first < num_vectors; first += kMaxSliceVectors) {
     const int n = static_cast<int>(std::min(num_vectors - first, kMaxSliceVectors));
     const unsigned grid = resident_grid<kernel>((n + 2 * kQuantThreads - 1) / (2 * kQuantThreads));
-    kernel<<<grid, kQuantThreads, 0, stream>>>(x + first * 8, x_q + first * 8, x_scale + first / (kGroup / 8), n);
+    kernel<<<grid, kQuantThreads, 0, stream>>>(x + first * 8, x_q + first * 8, x_scale + first / (kGroup / 8), n,
+                                               static_cast<int>(k / kGroup), static_cast<int>(scale_ld));
   }
 }
 
@@ -97,25 +102,25 @@ void launch_token(const T* x, int64_t m, int64_t k, uint8_t* x_q, float* x_scale
 }
 
 template <typename T, bool kPow2>
-void launch_group_size(const T* x, int64_t num_vectors, int group_size, uint8_t* x_q, float* x_scale,
-                       cudaStream_t stream) {
+void launch_group_size(const T* x, int64_t num_vectors, int64_t k, int group_size, uint8_t* x_q, float* x_scale,
+                       int64_t scale_ld, cudaStream_t stream) {
   switch (group_size) {
-    case 32: return launch_group<T, 32, kPow2>(x, num_vectors, x_q, x_scale, stream);
-    case 64: return launch_group<T, 64, kPow2>(x, num_vectors, x_q, x_scale, stream);
-    case 128: return launch_group<T, 128, kPow2>(x, num_vectors, x_q, x_scale, stream);
+    case 32: return launch_group<T, 32, kPow2>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
+    case 64: return launch_group<T, 64, kPow2>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
+    case 128: return launch_group<T, 128, kPow2>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
     default: throw Error("activation.group_size: expected 32, 64 or 128, got " + std::to_string(group_size));
   }
 }
 
 template <typename T>
 void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& recipe, uint8_t* x_q, float* x_scale,
-                  cudaStream_t stream) {
+                  int64_t scale_ld, cudaStream_t stream) {
   const int64_t num_vectors = m * k / 8;
   if (num_vectors == 0) return;
   switch (recipe.granularity) {
     case ActGranularity::PerTokenGroup:
-      if (recipe.pow2_scale) launch_group_size<T, true>(x, num_vectors, recipe.group_size, x_q, x_scale, stream);
-      else launch_group_size<T, false>(x, num_vectors, recipe.group_size, x_q, x_scale, stream);
+      if (recipe.pow2_scale) launch_group_size<T, true>(x, num_vectors, k, recipe.group_size, x_q, x_scale, scale_ld, stream);
+      else launch_group_size<T, false>(x, num_vectors, k, recipe.group_size, x_q, x_scale, scale_ld, stream);
       break;
     case ActGranularity::PerToken:
       if (recipe.pow2_scale) launch_token<T, true>(x, m, k, x_q, x_scale, stream);
@@ -137,16 +142,22 @@ void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& reci
 }  // namespace
 
 void launch_quantize_activations(const void* x, DType x_dtype, int64_t m, int64_t k, const ActivationRecipe& recipe,
-                                 uint8_t* x_q, float* x_scale, cudaStream_t stream) {
+                                 uint8_t* x_q, float* x_scale, cudaStream_t stream, int64_t scale_ld) {
+  if (scale_ld != 0 &&
+      (recipe.granularity != ActGranularity::PerTokenGroup || scale_ld < m || m * k / 8 > kMaxSliceVectors ||
+       scale_ld * (k / std::max(1, recipe.group_size)) > INT32_MAX))
+    throw Error("x_scale: M-major group scales need a per-token-group recipe, a leading dimension of at least M=" +
+                std::to_string(m) + " and fewer than 2^31 scales, got scale_ld=" + std::to_string(scale_ld) +
+                " for " + recipe.name());
   if (k % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(x_q) % 8 != 0)
     throw Error("x: the CUDA quantizer expects K % 8 == 0 and 16-byte aligned rows, got K=" + std::to_string(k));
   if (recipe.granularity == ActGranularity::PerTokenGroup && recipe.group_size > 0 && k % recipe.group_size != 0)
     throw Error("x: expected K divisible by the activation group size " + std::to_string(recipe.group_size) +
                 ", got K=" + std::to_string(k));
   switch (x_dtype) {
-    case DType::F32: return launch_typed(static_cast<const float*>(x), m, k, recipe, x_q, x_scale, stream);
-    case DType::BF16: return launch_typed(static_cast<const __nv_bfloat16*>(x), m, k, recipe, x_q, x_scale, stream);
-    case DType::F16: return launch_typed(static_cast<const __half*>(x), m, k, recipe, x_q, x_scale, stream);
+    case DType::F32: return launch_typed(static_cast<const float*>(x), m, k, recipe, x_q, x_scale, scale_ld, stream);
+    case DType::BF16: return launch_typed(static_cast<const __nv_bfloat16*>(x), m, k, recipe, x_q, x_scale, scale_ld, stream);
+    case DType::F16: return launch_typed(static_cast<const __half*>(x), m, k, recipe, x_q, x_scale, scale_ld, stream);
     default:
       throw Error(ErrorKind::Type, std::string("x: expected float32, bfloat16 or float16, got ") + dtype_name(x_dtype));
   }

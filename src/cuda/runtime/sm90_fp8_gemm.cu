@@ -296,6 +296,13 @@ NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmCo
 }
 }  // namespace
 
+bool a_scale_bulk_wanted() { return env_switch("FINEGEMM_GEMM_SCALE_BULK", false); }
+
+bool a_scale_bulk_ok(const GemmParams& p) {
+  return p.a_scale != nullptr && p.a_group == 128 && p.a_scale_stride_m == 1 && p.a_scale_stride_k % 4 == 0 &&
+         p.a_scale_stride_k >= (int64_t{p.m} + 3) / 4 * 4 && reinterpret_cast<uintptr_t>(p.a_scale) % 16 == 0;
+}
+
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k);
@@ -339,6 +346,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     return;
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (fp4_decode || fp8_decode) c.split_k = decode.split_k;
+  // The A scales by one bulk copy per stage (the E4M3 kernels promoting every 128 of K).
+  p.a_scale_bulk = !(fp4_decode || fp8_decode) && !p.b_fp4 && promote_k == 128 && a_scale_bulk_wanted() && a_scale_bulk_ok(p);
   // Double accumulators: 128x128 tiles by default; 128x64 ones only when asked for (mixed results, gemm_launch.cuh).
   if (c.block_n == 64) p.double_acc = p.double_acc && std::getenv("FINEGEMM_GEMM_DOUBLE_ACC") != nullptr;
   // Programmatic dependent launch of the decode kernel and its split-K reduce (GemmParams::pdl): the kernel is resident

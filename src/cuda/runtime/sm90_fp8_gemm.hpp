@@ -26,6 +26,14 @@ struct GemmConfig {
 GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms);
 
 // a [M, K] and b [N, K] E4M3, row-major with leading dimensions lda/ldb (bytes, multiples of 16), 16-byte aligned.
+// FINEGEMM_GEMM_SCALE_BULK=1 (off until measured): dense E4M3 GEMMs with groups of 128 copy each stage's A scales
+// with one cp.async.bulk where the scales are M-major (GemmParams::a_scale_bulk); linear() then quantizes to that
+// layout at prefill sizes.
+bool a_scale_bulk_wanted();
+// Whether the bulk copy can read p's A scales: groups of 128, M-major (stride 1 along M) with a leading dimension of
+// at least M rounded up to 4 and a multiple of 4, 16-byte aligned.
+bool a_scale_bulk_ok(const GemmParams& p);
+
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
                           cudaStream_t stream);
 
