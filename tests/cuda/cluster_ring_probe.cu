@@ -5,7 +5,9 @@
 // warps read it after its full barrier completes and release it in their own CTA and (in a cluster) in the peer, as
 // the GEMM's consumers do. Racecheck clean here without a cluster and flagged with one would place the reports in how
 // the tool follows remote mbarrier arrivals; flagged with the default (CTA-scope) remote arrival but clean with a
-// cluster-scope release would place them in the memory model, and the GEMM would need the stronger arrival.
+// cluster-scope release (and the loader's wait an acquire at cluster scope) would place them in the memory model,
+// and the GEMM would need the stronger pair. As in the GEMM's reports, the data is local to each CTA: only the
+// barrier's arrivals cross CTAs.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,6 +25,12 @@ namespace ptx = finegemm::cuda::ptx;
 constexpr int kStages = 4;
 constexpr int kLaps = 64;
 constexpr int kSlot = 128;  // ints per stage, one per consumer thread
+
+// The waiting side of mode 2: an acquire at cluster scope, so that it pairs with the peer's cluster-scope release.
+__device__ __forceinline__ void wait_acquire_cluster(uint64_t* bar, uint32_t parity) {
+  while (!ptx::cp::mbarrier_try_wait_parity(ptx::cp::sem_acquire, ptx::cp::scope_cluster, bar, parity)) {
+  }
+}
 
 __device__ __forceinline__ void arrive_remote_release_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
@@ -53,7 +61,8 @@ __global__ void __launch_bounds__(160) cluster_ring_probe_kernel(int mode, int* 
     const int s = it % kStages;
     const uint32_t lap = static_cast<uint32_t>(it / kStages);
     if (warp == 0) {
-      ptx::mbar_wait(&empty[s], (lap & 1u) ^ 1u);
+      if (mode == 2) wait_acquire_cluster(&empty[s], (lap & 1u) ^ 1u);
+      else ptx::mbar_wait(&empty[s], (lap & 1u) ^ 1u);
 #pragma unroll
       for (int j = 0; j < kSlot / 32; ++j) slots[s][lane + 32 * j] = it * 1000 + static_cast<int>(rank) * 500 + lane + 32 * j;
       ptx::mbar_arrive(&full[s]);

@@ -502,14 +502,16 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
 // The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
 // with M-major scales ([K/128, M rounded up to 4]) and the GEMM's TMA thread copies each stage's run of the tile's
 // rows with cp.async.bulk, so the loader warps stage the B scales only. Same scales and arithmetic, so the same bits:
-// every 128-promoting tile config (pairs sharing B with the last pair's second CTA past M, pairs sharing A, split-K),
+// every 128-promoting tile config (pairs sharing B with the last pair's second CTA past M, pairs sharing A, 2x2 blocks
+// with a block's second row block empty, split-K),
 // FP32 / UE8M0 / packed / 64-row B scale blocks, M = 301 (three padding rows in the scale layout, a partial last row
 // block) and M = 1000; checked against the reference once per recipe.
 TEST_F(CudaTest, BulkScaleCopiesSameBits) {
   const auto recipes = all_recipes();
   const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[7]};
   for (const char* config : {"", "128x128:1", "192x128:1", "192x128:1c2", "128x128:1c2", "128x128:1c2a",
-                             "128x192:1", "128x64:1", "64x128:1", "128x128:3"}) {
+                             "192x128:1c2a", "128x128:1c4", "192x128:1c4", "128x192:1", "128x256:1", "128x64:1",
+                             "64x128:1", "64x64:1", "128x128:3"}) {
     const testing::ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
     for (const auto& recipe : kinds) {
       for (int64_t m : {301, 1000}) {
