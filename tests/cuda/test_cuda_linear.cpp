@@ -499,6 +499,32 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
   }
 }
 
+// The K loop compiled for tiles with one B scale (FINEGEMM_GEMM_HOIST_SPLIT=1, off by default): no K block tests the
+// promotion variant. Same arithmetic, so the same bits: 128x128 with two accumulator sets and with one, 192x128
+// alone and in pairs, 128x64; 128x192 (two B blocks per tile) and the 64-row B block recipe keep the general loop
+// with the switch on. K = 2048 wraps the ring; M = 300 gives CTAs several tiles; checked against the reference once
+// per recipe.
+TEST_F(CudaTest, HoistedSplitSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[7]};
+  for (const auto& [config, double_acc] : {std::pair<const char*, const char*>{"", "1"}, {"128x128:1", "1"},
+                                           {"128x128:1", "0"}, {"192x128:1", "1"}, {"192x128:1c2", "1"},
+                                           {"128x192:1", "1"}, {"128x64:1", "1"}, {"128x128:3", "1"}}) {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config), acc("FINEGEMM_GEMM_DOUBLE_ACC", double_acc);
+    for (const auto& recipe : kinds) {
+      const int64_t m = 300, n = 1000, k = 2048;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
+      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_HOIST_SPLIT", c.args);
+      EXPECT_TRUE(runs.same_bits()) << config << " double_acc=" << double_acc << " " << recipe.name;
+      if (*config) continue;
+      const Buffer ref = run_reference(c.args, DType::F32, m, n);
+      const auto cmp = testing::compare(runs.on, ref);
+      EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+      EXPECT_LE(cmp.rel, 1e-3) << recipe.name;
+    }
+  }
+}
+
 // The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
 // with M-major scales ([K/128, M rounded up to 4]) and the GEMM's TMA thread copies each stage's run of the tile's
 // rows with cp.async.bulk, so the loader warps stage the B scales only. Same scales and arithmetic, so the same bits:

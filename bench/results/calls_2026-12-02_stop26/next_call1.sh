@@ -9,7 +9,7 @@
 #    at all (channel-token with FINEGEMM_GEMM_FP32_ACCUM=0: no scale loaders, no FMAs), at the two M = 4096 bar shapes.
 # 3. ncu of the no-promotion 128x128:1c2 kernel: does it also retry its full-barrier waits ~once per K block?
 # Before 2: the A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, stop 26, never run): its test, then
-# timed against the loaders' gathers.
+# timed against the loaders' gathers. In 2, also FINEGEMM_GEMM_HOIST_SPLIT=1 (stop 26, never run; its test first).
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -24,12 +24,13 @@ for l in open(sys.argv[1]):
 ' $W/$1.txt
 }
 before() { [ $(( $(date +%s) - s0 )) -lt $1 ] || { echo "skipped (past $1 s): $*"; return 1; }; }
-timeout 120 $B/tests/test_cuda_linear --gtest_filter='CudaTest.BulkScaleCopiesSameBits:CudaTest.SharedBTilesPastM' >$W/test_bulk.txt 2>&1
-echo "bulk scale / pairs-B tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_bulk.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -A3 Failure $W/test_bulk.txt | head
+timeout 120 $B/tests/test_cuda_linear --gtest_filter='CudaTest.BulkScaleCopiesSameBits:CudaTest.HoistedSplitSameBits:CudaTest.SharedBTilesPastM' >$W/test_bulk.txt 2>&1
+echo "bulk scale / hoisted split / pairs-B tests rc=$? $(grep -E '^\[ +(OK|FAILED) ' $W/test_bulk.txt | awk '{print $2,$4,$5,$6}' | tr '\n' ' ')"; grep -A3 Failure $W/test_bulk.txt | head
 OUT=$W/san GPU_CHECK_DEADLINE=180 scripts/gpu-check sanitize 2>&1 | tail -16
 C=FINEGEMM_GEMM_CONFIG=128x128:1c2
 N=FINEGEMM_GEMM_FP32_ACCUM=0  # per-channel x per-token without the FP32 promotion past K = 4096: no promotion at all
-E=";$C;$C,FINEGEMM_GEMM_DOUBLE_ACC=0;$C,FINEGEMM_GEMM_DOUBLE_ACC=0,FINEGEMM_GEMM_PINGPONG=0;FINEGEMM_GEMM_CONFIG=128x128:1"
+H=FINEGEMM_GEMM_HOIST_SPLIT=1  # the K loop compiled for one B scale per tile (stop 26, never run)
+E=";$H;$C;$C,$H;$C,FINEGEMM_GEMM_DOUBLE_ACC=0;$C,FINEGEMM_GEMM_DOUBLE_ACC=0,FINEGEMM_GEMM_PINGPONG=0;FINEGEMM_GEMM_CONFIG=128x128:1"
 # The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1; BF16 input, so that linear() quantizes them
 # M-major; both rows time the quantization too).
 BULK='FINEGEMM_GEMM_SCALE_BULK=0;FINEGEMM_GEMM_SCALE_BULK=1;FINEGEMM_GEMM_SCALE_BULK=1,FINEGEMM_GEMM_CONFIG=128x128:1c2'

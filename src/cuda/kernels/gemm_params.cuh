@@ -51,6 +51,10 @@ struct GemmParams {
   // launch_sm90_fp8_gemm where FINEGEMM_GEMM_SCALE_BULK=1 and the scales allow it (a_scale_bulk_ok); off until
   // measured on the H200. linear() then has its quantizer write the scales M-major.
   bool a_scale_bulk = false;
+  // A tile with one B scale (block 128 B scales on a 128-wide tile) runs a K loop compiled for that case, so that no
+  // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop). FINEGEMM_GEMM_HOIST_SPLIT=1;
+  // off until measured on the H200 (stop 26).
+  bool hoist_split = false;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while

@@ -31,6 +31,8 @@ namespace finegemm::cuda {
 inline constexpr int kGemmBlockK = 128;
 // A tile whose B scale is one value over all its columns (the promotion's split chunk lies past the tile).
 inline constexpr int kSplitNone = 1 << 20;
+// promoted_k_loop's tag for a b_split known only at run time.
+inline constexpr int kSplitRuntime = -(1 << 20);
 
 // kPromoteK: 0 when no scale varies along K (they fold into the epilogue), else the K slice (32, 64 or 128)
 // after which the wgmma result is scaled and added to the FP32 total.
@@ -780,7 +782,13 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       const float rs0 = load_vec(p.row_mode, row_scale, scale_row0);
       const float rs1 = load_vec(p.row_mode, row_scale, scale_row1);
 
-      if constexpr (kPromote) {
+      // The promoted K loop, over the tile's K blocks. split_tag: the B scale pattern b_split as a compile-time
+      // constant (kSplitNone: one B scale per tile), or kSplitRuntime for the value computed above. With
+      // GemmParams::hoist_split a one-scale tile takes the constant loop, so that no K block tests b_split (stop 26:
+      // three dependent branches per K block chose the promotion variant).
+      auto promoted_k_loop = [&](auto split_tag) {
+        constexpr int kTagSplit = decltype(split_tag)::value;
+        const int split = kTagSplit == kSplitRuntime ? b_split : kTagSplit;
 #pragma unroll
         for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
         if constexpr (kDoubleAcc) {
@@ -800,7 +808,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
             // issued after it may still run. Then release the stage.
             auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
-              if (promote_slice(a, st, 0, 0, b_split, pending, p.early_release)) return;
+              if (promote_slice(a, st, 0, 0, split, pending, p.early_release)) return;
               __syncwarp();
               if (lane == 0) release(st);
             };
@@ -868,7 +876,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                   ptx::wgmma_commit();
                   order_after_issue();
                   // Early release only where this group is the stage's last (one slice, one chunk).
-                  released = promote_slice(acc, stage, sub, ch, b_split, false,
+                  released = promote_slice(acc, stage, sub, ch, split, false,
                                            kSlices == 1 && kNChunks == 1 && p.early_release);
                 }
               }
@@ -885,6 +893,14 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
               if (lane == 0) release(stage);
             }
           }
+        }
+      };
+      if constexpr (kPromote) {
+        if constexpr (kPromoteK == 128 && !kFp4B) {
+          if (p.hoist_split && b_split == kSplitNone) promoted_k_loop(std::integral_constant<int, kSplitNone>{});
+          else promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
+        } else {
+          promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
         }
       } else if constexpr (!kPromote) {
         // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.
