@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <tuple>
+#include <utility>
 
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
@@ -472,6 +474,28 @@ TEST_F(CudaTest, LeanEpilogueSameBits) {
   unsetenv("FINEGEMM_GEMM_CONFIG");
 }
 
+// A kernel switch that must not change the bits (1 vs 0, each config with its FINEGEMM_GEMM_DOUBLE_ACC setting), for
+// the recipes promoting every 128 of K, at M = 300, N = 1000 and the given K; the default config's run with the
+// switch on is also checked against the CPU reference.
+void expect_switch_same_bits(const char* env, std::initializer_list<std::pair<const char*, const char*>> configs,
+                             const std::vector<NamedRecipe>& kinds, int64_t k) {
+  for (const auto& [config, double_acc] : configs) {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config), acc("FINEGEMM_GEMM_DOUBLE_ACC", double_acc);
+    for (const auto& recipe : kinds) {
+      if (cuda::promotion_k(recipe.weight, recipe.activation) % 128 != 0) continue;
+      const int64_t m = 300, n = 1000;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
+      const SwitchRuns runs = run_with_switch(env, c.args);
+      EXPECT_TRUE(runs.same_bits()) << env << " " << config << " double_acc=" << double_acc << " " << recipe.name;
+      if (*config) continue;
+      const Buffer ref = run_reference(c.args, DType::F32, m, n);
+      const auto cmp = testing::compare(runs.on, ref);
+      EXPECT_EQ(cmp.non_finite, 0) << env << " " << recipe.name;
+      EXPECT_LE(cmp.rel, 1e-3) << env << " " << recipe.name;
+    }
+  }
+}
+
 // Early stage release (FINEGEMM_GEMM_EARLY_RELEASE=1, off by default): with 128-wide promotion and the B scales in
 // registers a consumer warp releases the stage right after its wgmma group completes, before the promotion's FMAs.
 // The same arithmetic, so the same bits: 192x128 (alone and in pairs), 128x128 with two accumulator sets and with
@@ -480,23 +504,10 @@ TEST_F(CudaTest, LeanEpilogueSameBits) {
 // gives CTAs several tiles.
 TEST_F(CudaTest, EarlyReleaseSameBits) {
   const auto recipes = all_recipes();
-  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7], recipes[9]};
-  for (const auto& [config, double_acc] : {std::pair<const char*, const char*>{"192x128:1", "1"}, {"192x128:1c2", "1"},
-                                           {"128x128:1", "1"}, {"128x128:1", "0"}, {"128x64:1", "1"}, {"", "1"}}) {
-    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config), acc("FINEGEMM_GEMM_DOUBLE_ACC", double_acc);
-    for (const auto& recipe : kinds) {
-      if (cuda::promotion_k(recipe.weight, recipe.activation) % 128 != 0) continue;
-      const int64_t m = 300, n = 1000, k = 8192;
-      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
-      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_EARLY_RELEASE", c.args);
-      EXPECT_TRUE(runs.same_bits()) << config << " double_acc=" << double_acc << " " << recipe.name;
-      if (*config) continue;
-      const Buffer ref = run_reference(c.args, DType::F32, m, n);
-      const auto cmp = testing::compare(runs.on, ref);
-      EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
-      EXPECT_LE(cmp.rel, 1e-3) << recipe.name;
-    }
-  }
+  expect_switch_same_bits("FINEGEMM_GEMM_EARLY_RELEASE",
+                          {{"192x128:1", "1"}, {"192x128:1c2", "1"}, {"128x128:1", "1"}, {"128x128:1", "0"},
+                           {"128x64:1", "1"}, {"", "1"}},
+                          {recipes[0], recipes[1], recipes[7], recipes[9]}, 8192);
 }
 
 // The K loop compiled for tiles with one B scale (FINEGEMM_GEMM_HOIST_SPLIT=1, off by default): no K block tests the
@@ -506,23 +517,10 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
 // per recipe.
 TEST_F(CudaTest, HoistedSplitSameBits) {
   const auto recipes = all_recipes();
-  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[7]};
-  for (const auto& [config, double_acc] : {std::pair<const char*, const char*>{"", "1"}, {"128x128:1", "1"},
-                                           {"128x128:1", "0"}, {"192x128:1", "1"}, {"192x128:1c2", "1"},
-                                           {"128x192:1", "1"}, {"128x64:1", "1"}, {"128x128:3", "1"}}) {
-    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config), acc("FINEGEMM_GEMM_DOUBLE_ACC", double_acc);
-    for (const auto& recipe : kinds) {
-      const int64_t m = 300, n = 1000, k = 2048;
-      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
-      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_HOIST_SPLIT", c.args);
-      EXPECT_TRUE(runs.same_bits()) << config << " double_acc=" << double_acc << " " << recipe.name;
-      if (*config) continue;
-      const Buffer ref = run_reference(c.args, DType::F32, m, n);
-      const auto cmp = testing::compare(runs.on, ref);
-      EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
-      EXPECT_LE(cmp.rel, 1e-3) << recipe.name;
-    }
-  }
+  expect_switch_same_bits("FINEGEMM_GEMM_HOIST_SPLIT",
+                          {{"", "1"}, {"128x128:1", "1"}, {"128x128:1", "0"}, {"192x128:1", "1"}, {"192x128:1c2", "1"},
+                           {"128x192:1", "1"}, {"128x64:1", "1"}, {"128x128:3", "1"}},
+                          {recipes[0], recipes[1], recipes[2], recipes[7]}, 2048);
 }
 
 // The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
