@@ -39,18 +39,23 @@ __device__ __forceinline__ void arrive_remote_release_cluster(uint64_t* bar, uin
 }
 
 // Warp 0: loader; warps 1..4: consumers. mode: 0 one CTA, 1 a pair with the GEMM's remote arrival, 2 a pair with a
-// cluster-scope release on the remote arrival.
+// cluster-scope release on the remote arrival, 3 one CTA where every consumer thread arrives (no __syncwarp).
+// NOTE: stop 27's racecheck flagged mode 0 too (31248 hazards: consumer reads vs the loader's next-lap writes), so
+// the reports do not come from the cluster. Mode 3 tells whether the tool follows a warp's reads through __syncwarp
+// into lane 0's arrival (bar.warp.sync orders the warp's memory accesses, and the arrival is a release at CTA scope:
+// the protocol is sound under the PTX memory model either way).
 __global__ void __launch_bounds__(160) cluster_ring_probe_kernel(int mode, int* mismatches) {
   __shared__ int slots[kStages][kSlot];
   __shared__ alignas(8) uint64_t full[kStages];
   __shared__ alignas(8) uint64_t empty[kStages];
-  const bool pair = mode != 0;
+  const bool pair = mode == 1 || mode == 2;
+  const bool thread_arrive = mode == 3;
   const uint32_t rank = pair ? ptx::cluster_ctarank() : 0u;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 32);
-      ptx::mbar_init(&empty[s], 4 * (pair ? 2 : 1));
+      ptx::mbar_init(&empty[s], thread_arrive ? 128 : 4 * (pair ? 2 : 1));
     }
     ptx::fence_barrier_init();
   }
@@ -70,6 +75,10 @@ __global__ void __launch_bounds__(160) cluster_ring_probe_kernel(int mode, int* 
       const int t = threadIdx.x - 32;
       ptx::mbar_wait(&full[s], lap & 1u);
       bad += slots[s][t] != it * 1000 + static_cast<int>(rank) * 500 + t;
+      if (thread_arrive) {
+        ptx::mbar_arrive(&empty[s]);
+        continue;
+      }
       __syncwarp();
       if (lane == 0) {
         ptx::mbar_arrive(&empty[s]);
@@ -90,16 +99,17 @@ void check(cudaError_t e, const char* what) {
 }  // namespace
 
 int run_cluster_ring_probe(int mode) {
-  if (mode < 0 || mode > 2) throw std::invalid_argument("run_cluster_ring_probe: mode must be 0, 1 or 2, got " + std::to_string(mode));
+  if (mode < 0 || mode > 3) throw std::invalid_argument("run_cluster_ring_probe: mode must be 0, 1, 2 or 3, got " + std::to_string(mode));
   int* d = nullptr;
   check(cudaMalloc(&d, sizeof(int)), "cudaMalloc");
   check(cudaMemset(d, 0, sizeof(int)), "cudaMemset");
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(mode == 0 ? 1 : 2);
+  const bool pair = mode == 1 || mode == 2;
+  cfg.gridDim = dim3(pair ? 2 : 1);
   cfg.blockDim = dim3(160);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = mode == 0 ? 1 : 2;
+  attr[0].val.clusterDim.x = pair ? 2 : 1;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;

@@ -895,6 +895,7 @@ TEST_F(CudaEdge, MoeOutOfRangeExpertIndicesAreSkipped) {
 TEST_F(CudaEdge, ClusterRingProbeOneCta) { EXPECT_EQ(testing::run_cluster_ring_probe(0), 0); }
 TEST_F(CudaEdge, ClusterRingProbePairRemoteArrive) { EXPECT_EQ(testing::run_cluster_ring_probe(1), 0); }
 TEST_F(CudaEdge, ClusterRingProbePairReleaseCluster) { EXPECT_EQ(testing::run_cluster_ring_probe(2), 0); }
+TEST_F(CudaEdge, ClusterRingProbeThreadArrive) { EXPECT_EQ(testing::run_cluster_ring_probe(3), 0); }
 
 }  // namespace
 }  // namespace finegemm

@@ -510,16 +510,16 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
                           {recipes[0], recipes[1], recipes[7], recipes[9]}, 8192);
 }
 
-// The K loop compiled for tiles with one B scale (FINEGEMM_GEMM_HOIST_SPLIT=1, off by default): no K block tests the
-// promotion variant. Same arithmetic, so the same bits: 128x128 with two accumulator sets and with one, 192x128
-// alone and in pairs, 128x64; 128x192 (two B blocks per tile) and the 64-row B block recipe keep the general loop
-// with the switch on. K = 2048 wraps the ring; M = 300 gives CTAs several tiles; checked against the reference once
+// The K loop compiled for tiles with one B scale, and for 192-wide tiles' two-scale patterns (FINEGEMM_GEMM_HOIST_SPLIT,
+// on by default; compared with =0): no K block tests the promotion variant. Same arithmetic, so the same bits: 128x128
+// with two accumulator sets and with one, 192x128 alone and in pairs, 128x64, 128x192 alone and in pairs (splits at
+// chunks 16 and 8); the 64-row B block recipe keeps the general loop on 128-wide tiles. K = 2048 wraps the ring; M = 300 gives CTAs several tiles; checked against the reference once
 // per recipe.
 TEST_F(CudaTest, HoistedSplitSameBits) {
   const auto recipes = all_recipes();
   expect_switch_same_bits("FINEGEMM_GEMM_HOIST_SPLIT",
                           {{"", "1"}, {"128x128:1", "1"}, {"128x128:1", "0"}, {"192x128:1", "1"}, {"192x128:1c2", "1"},
-                           {"128x192:1", "1"}, {"128x64:1", "1"}, {"128x128:3", "1"}},
+                           {"128x192:1", "1"}, {"128x192:1c2", "1"}, {"128x64:1", "1"}, {"128x128:3", "1"}},
                           {recipes[0], recipes[1], recipes[2], recipes[7]}, 2048);
 }
 

@@ -52,9 +52,9 @@ struct GemmParams {
   // measured on the H200. linear() then has its quantizer write the scales M-major.
   bool a_scale_bulk = false;
   // A tile with one B scale (block 128 B scales on a 128-wide tile) runs a K loop compiled for that case, so that no
-  // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop). FINEGEMM_GEMM_HOIST_SPLIT=1;
-  // off until measured on the H200 (stop 26).
-  bool hoist_split = false;
+  // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop); 192-wide tiles likewise for
+  // their two-scale patterns. On by default since stop 27 (5-7% at M = 4096); FINEGEMM_GEMM_HOIST_SPLIT=0 turns it off.
+  bool hoist_split = true;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while

@@ -897,8 +897,17 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       };
       if constexpr (kPromote) {
         if constexpr (kPromoteK == 128 && !kFp4B) {
-          if (p.hoist_split && b_split == kSplitNone) promoted_k_loop(std::integral_constant<int, kSplitNone>{});
-          else promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
+          // 192-wide tiles with 128-column B blocks always hold two B scales, changing at chunk 16 (even column
+          // blocks) or 8 (odd ones): those get their own loops too. Only there: each loop is ~2K instructions.
+          if (p.hoist_split && b_split == kSplitNone) {
+            promoted_k_loop(std::integral_constant<int, kSplitNone>{});
+          } else if constexpr (BLOCK_N == 192) {
+            if (p.hoist_split && b_split == 16) promoted_k_loop(std::integral_constant<int, 16>{});
+            else if (p.hoist_split && b_split == 8) promoted_k_loop(std::integral_constant<int, 8>{});
+            else promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
+          } else {
+            promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
+          }
         } else {
           promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
         }

@@ -119,7 +119,9 @@ inline bool fp4_fold(const GemmParams& p) {
 //   N=2112 K=7168 628 -> 664, M=512 569 -> 575, M=128 575 -> 569.
 // - fp4_batched_expand (off until run on the H200; FINEGEMM_FP4_BATCHED_EXPAND=1).
 // - early_release (off; FINEGEMM_GEMM_EARLY_RELEASE=1): GemmParams::early_release; within noise on the H200 (stop 26).
-// - hoist_split (off until run on the H200; FINEGEMM_GEMM_HOIST_SPLIT=1): GemmParams::hoist_split.
+// - hoist_split (on; FINEGEMM_GEMM_HOIST_SPLIT=0): GemmParams::hoist_split. Measured on the H200 (stop 27, M = 4096,
+//   TFLOP/s, off -> on): N=7168 K=16384 1002 -> 1071 (192x128 pairs), 992 -> 1044 (128x128 pairs); N=4096 K=7168
+//   996 -> 1045, 987 -> 1056.
 // - wide_stores (dense on, grouped off; FINEGEMM_GEMM_WIDE_STORES=1 / 0 forces it, where the output's alignment
 //   allows it): 16-byte stores from the lean epilogue. Measured on the H200 (stop 25, M = 4096, TFLOP/s, off -> on):
 //   N=32768 K=512 417 -> 709, N=24576 K=1536 814 -> 941, N=7168 K=2048 755 -> 879, N=7168 K=16384 1054 -> 1086; the
@@ -133,7 +135,7 @@ inline void apply_env_switches(GemmParams& p, bool grouped = false) {
   if (const char* run = std::getenv("FINEGEMM_GEMM_DOUBLE_RUN"); run && std::strcmp(run, "8") == 0) p.double_acc_run = 8;
   p.fp4_batched_expand = env_switch("FINEGEMM_FP4_BATCHED_EXPAND", false);
   p.early_release = env_switch("FINEGEMM_GEMM_EARLY_RELEASE", false);
-  p.hoist_split = env_switch("FINEGEMM_GEMM_HOIST_SPLIT", false);
+  p.hoist_split = env_switch("FINEGEMM_GEMM_HOIST_SPLIT", true);
   const int64_t out_elem = p.out_dtype == OutDType::F32 ? 4 : 2;
   p.wide_stores = env_switch("FINEGEMM_GEMM_WIDE_STORES", !grouped) && p.out != nullptr &&
                   reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && (p.ldo * out_elem) % 16 == 0 && p.n % 8 == 0;
