@@ -126,6 +126,10 @@ int main(int argc, char** argv) {
   // --bf16-input: activations arrive in BF16 and linear() quantizes them (the serving path: the activation
   // quantization is timed with the GEMM); by default they arrive quantized (E4M3 and their scales).
   bool bf16_input = false;
+  // --m-major-scales: the group scales of E4M3 activations M-major ([K/G, M rounded up to 4] memory, an [M, K/G]
+  // view with strides [1, ld]), as cuBLASLt's block-scaled A and DeepGEMM take them; the GEMM copies them per stage
+  // in one bulk copy. Default: row-major [M, K/G].
+  bool m_major_scales = false;
   bool weights_static = false;  // --weights-static: RunOptions::weights_static (no kernel here writes weights)
   std::vector<std::string> env_sets = {""};  // --envs: one row per entry, each with its environment settings
   int64_t graph_max_m = INT64_MAX;             // --graph-max-m: graph replay up to this M (stop 24's runs: 128)
@@ -141,6 +145,8 @@ int main(int argc, char** argv) {
       weights_static = true;
     } else if (a == "--bf16-input") {
       bf16_input = true;
+    } else if (a == "--m-major-scales") {
+      m_major_scales = true;
     } else if (a == "--graph-max-m" && i + 1 < argc) {
       graph_max_m = std::atoll(argv[++i]);
     } else if (a == "--quick") {
@@ -235,6 +241,20 @@ int main(int argc, char** argv) {
         auto x_dev = bf16_input ? to_device(TensorView::of(xb.data(), DType::BF16, {m, k}), kGpu)
                                 : to_device(TensorView::of(xq.data(), DType::F8_E4M3, {m, k}), kGpu);
         auto xs_dev = to_device(TensorView::of(xs_bytes.data(), DType::F32, xs_shape), kGpu);
+        // M-major group scales (--m-major-scales): the same values, transposed, padding rows set to 1.
+        const bool m_major = m_major_scales && !bf16_input && xs_shape.size() == 2 &&
+                             var.activation.granularity == ActGranularity::PerTokenGroup;
+        if (m_major) {
+          const int64_t groups = xs_shape[1], ld = (m + 3) / 4 * 4;
+          std::vector<float> t(static_cast<size_t>(groups * ld), 1.0f);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t g = 0; g < groups; ++g) t[g * ld + r] = xs_f[r * groups + g];
+          xs_dev = to_device(TensorView::of(t.data(), DType::F32, {groups, ld}), kGpu);
+          xs_dev.view.shape[0] = m;
+          xs_dev.view.shape[1] = groups;
+          xs_dev.view.strides[0] = 1;
+          xs_dev.view.strides[1] = ld;
+        }
         DeviceBuffer out(kGpu, static_cast<size_t>(m * n * 2));
 
         for (const std::string& env_set : env_sets) {
@@ -315,10 +335,10 @@ int main(int argc, char** argv) {
           const double best = us_graph > 0 ? std::min(us, us_graph) : us;
           std::printf("{\"variant\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"us_graph\": %.3f, "
                       "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d, \"input\": \"%s\", "
-                      "\"weights_static\": %s, \"env\": \"%s\"}\n",
+                      "\"weights_static\": %s, \"scales\": \"%s\", \"env\": \"%s\"}\n",
                       var.name.c_str(), (long long)m, (long long)n, (long long)k, us, us_graph, flops / best / 1e6,
                       bytes / best / 1e3, rel, copies, bf16_input ? "bf16" : "e4m3", weights_static ? "true" : "false",
-                      env_set.c_str());
+                      m_major ? "m-major" : "row-major", env_set.c_str());
           std::fflush(stdout);
           for (const auto& name : set_names) unsetenv(name.c_str());
         }

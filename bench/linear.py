@@ -96,6 +96,9 @@ def main():
     ap.add_argument("--m", default="1,16,64,128,512,4096")
     ap.add_argument("--variants", default="block-fp32-dynamic,block-ue8m0-dynamic,block-fp32-static")
     ap.add_argument("--budget-s", type=float, default=0, help="stop the finegemm bench after 60%% of this many seconds")
+    ap.add_argument("--row-major-scales", action="store_true",
+                    help="give finegemm row-major activation group scales (default: M-major, the layout cuBLASLt "
+                         "takes them in here: sa = x_s.t().contiguous().t())")
     ap.add_argument("--graph-max-m", type=int, default=1 << 62,
                     help="graph replay up to this M (default: every M; stop 24's tables used 128)")
     args = ap.parse_args()
@@ -108,6 +111,8 @@ def main():
     # NOTE: a run that captured the binary's output to the end lost everything to the caller's timeout.
     t_start = time.monotonic()
     cmd = [args.bench, "--m", args.m, "--variants", args.variants, "--graph-max-m", str(args.graph_max_m)]
+    if not args.row_major_scales:
+        cmd.append("--m-major-scales")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     ours = []
     stopped = False
@@ -154,7 +159,7 @@ def main():
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "gpu": torch.cuda.get_device_name(0), "driver": torch.version.cuda,
         "commit": os.environ.get("FINEGEMM_COMMIT", "unknown"),
-        "command": " ".join(sys.argv), "timing": f"CUDA events around single launches (median) and graph replay for M <= {args.graph_max_m}, each side at the better; weights rotated > 3x L2",
+        "command": " ".join(sys.argv), "timing": f"CUDA events around single launches (median) and graph replay for M <= {args.graph_max_m}, each side at the better; weights rotated > 3x L2", "activation_scales": "row-major" if args.row_major_scales else "M-major (both sides)",
         "complete": not stopped,
         "rows": rows,
     }

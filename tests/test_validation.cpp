@@ -311,6 +311,38 @@ TEST(Validation, CudaTensorsSkipValueChecks) {
   EXPECT_NO_THROW(moe.validate());
 }
 
+// The scales of a pre-quantized x with token groups: row-major, or M-major ([M, G] with strides [1, ld], ld >= M).
+TEST(Validation, MMajorActivationScales) {
+  LinearProblem p = block128();  // M = 4, K = 256: two groups
+  Buffer xq(DType::F8_E4M3, {p.m, p.k}), mem(DType::F32, {2, 8});
+  for (int64_t i = 0; i < 16; ++i) mem.ptr<float>()[i] = 0.5f;
+  TensorView xs = mem.view;
+  xs.shape[0] = p.m;
+  xs.shape[1] = 2;
+  xs.strides[0] = 1;
+  xs.strides[1] = 8;
+  p.args.x = xq;
+  p.args.x_scale = xs;
+  EXPECT_NO_THROW(p.validate());
+  // Values are checked through the strides: element (1, 1) lives at 8 + 1.
+  mem.ptr<float>()[9] = 0.0f;
+  expect_error([&] { p.validate(); }, ErrorKind::Value, {"x_scale", "finite scales > 0", "got 0"});
+  mem.ptr<float>()[9] = 0.5f;
+  // Rows overlapping (ld < M) or any other strides: a clear error.
+  p.args.x_scale.strides[1] = 3;
+  expect_error([&] { p.validate(); }, ErrorKind::Value, {"x_scale", "M-major", "ld >= 4", "strides [1, 3]"});
+  p.args.x_scale.strides[0] = 2;
+  p.args.x_scale.strides[1] = 8;
+  expect_error([&] { p.validate(); }, ErrorKind::Value, {"x_scale", "contiguous", "strides [2, 8]"});
+  // Per-token scales and the scales a quantizer writes stay row-major.
+  LinearProblem token(WeightRecipe::block(), ActivationRecipe::per_token());
+  Buffer tq(DType::F8_E4M3, {token.m, token.k}), ts(DType::F32, {token.m, 1});
+  LinearProblem::fill_scales(ts);
+  token.args.x = tq;
+  token.args.x_scale = ts;
+  EXPECT_NO_THROW(token.validate());
+}
+
 TEST(Validation, PresenceAbsenceAndLayout) {
   LinearProblem missing = block128();
   missing.args.weight_scale = {};

@@ -123,15 +123,23 @@ void check_shape(const TensorView& t, const char* name, const std::vector<Shape>
        ", got " + shape_string(t));
 }
 
-// Layout: contiguous, data present, and on the same device as every other tensor of the op.
+// An M-major [M, G] scale tensor: stride 1 along M and a leading dimension ld ≥ M along G (the layout cuBLASLt's
+// block-scaled A and DeepGEMM read; a transposed view of a [G, ld] tensor).
+bool is_m_major(const TensorView& t) {
+  return t.ndim == 2 && (t.shape[0] == 1 || t.strides[0] == 1) && (t.shape[1] == 1 || t.strides[1] >= t.shape[0]);
+}
+
+// Layout: contiguous (or, where m_major_ok, M-major: is_m_major), data present, and on the same device as every other
+// tensor of the op.
 class Layout {
  public:
-  void operator()(const TensorView& t, const char* name) {
+  void operator()(const TensorView& t, const char* name, bool m_major_ok = false) {
     if (!t.defined()) return;
-    if (!t.is_contiguous()) {
+    if (!t.is_contiguous() && !(m_major_ok && is_m_major(t))) {
       Shape strides(t.strides, t.strides + t.ndim);
-      fail(std::string(name) + ": expected a contiguous (row-major) tensor, got shape " + shape_string(t) +
-           " with strides " + shape_string(strides) + "; make it contiguous first");
+      fail(std::string(name) + ": expected a contiguous (row-major) tensor" +
+           (m_major_ok ? " or an M-major one (strides [1, ld] with ld >= " + str(t.ndim == 2 ? t.shape[0] : 0) + ")" : "") +
+           ", got shape " + shape_string(t) + " with strides " + shape_string(strides) + "; make it contiguous first");
     }
     if (t.data == nullptr && t.numel() > 0)
       fail(std::string(name) + ": expected data for shape " + shape_string(t) + ", got a null pointer");
@@ -151,13 +159,16 @@ class Layout {
 
 bool on_host(const TensorView& t) { return t.defined() && t.device.type == DeviceType::CPU; }
 
-// F32 scales: finite and > 0 (every scale is a dequantization multiplier).
+// F32 scales: finite and > 0 (every scale is a dequantization multiplier). Contiguous, or 2-D with any strides (an
+// M-major x_scale): element i (row-major order) is read through the strides.
 void check_f32_scale_values(const TensorView& t, const char* name) {
   if (!on_host(t)) return;
   const float* s = t.ptr<const float>();
+  const bool strided = t.ndim == 2 && !t.is_contiguous();
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (!(std::isfinite(s[i]) && s[i] > 0.0f))
-      fail(std::string(name) + ": expected finite scales > 0, got " + float_string(s[i]) + " at index " +
+    const float v = strided ? s[(i / t.shape[1]) * t.strides[0] + (i % t.shape[1]) * t.strides[1]] : s[i];
+    if (!(std::isfinite(v) && v > 0.0f))
+      fail(std::string(name) + ": expected finite scales > 0, got " + float_string(v) + " at index " +
            index_string(t, i));
   }
 }
@@ -426,7 +437,8 @@ void validate_linear(const LinearArgs& a) {
 
   Layout layout;
   layout(a.x, "x");
-  layout(a.x_scale, "x_scale");
+  // The scales of a pre-quantized x with token groups may also be M-major.
+  layout(a.x_scale, "x_scale", prequantized && a.activation.granularity == ActGranularity::PerTokenGroup);
   layout(a.weight, "weight");
   layout(a.weight_scale, "weight_scale");
   layout(a.bias, "bias");

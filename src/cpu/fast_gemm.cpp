@@ -658,6 +658,9 @@ void quantize_dequantize_activations(const TensorView& x, const TensorView& x_sc
   const bool prequantized = x.dtype == DType::F8_E4M3;
   const uint8_t* q = prequantized ? x.ptr<const uint8_t>() : nullptr;
   const float* s = prequantized ? x_scale.ptr<const float>() : nullptr;
+  // Pre-quantized group scales: row-major or M-major (validate_linear), read through the strides.
+  const bool strided = prequantized && recipe.granularity == ActGranularity::PerTokenGroup;
+  const int64_t s_row = strided ? x_scale.strides[0] : cols, s_col = strided ? x_scale.strides[1] : 1;
   const float* lut = tables().e4m3;
   const bool is_static = recipe.is_static();
   const bool avx512 = resolve_kernel(m) != Kernel::Portable && cpu_has_avx512();
@@ -673,7 +676,7 @@ void quantize_dequantize_activations(const TensorView& x, const TensorView& x_sc
       float* dst_row = xf.data() + i * k;
       if (prequantized) {
         for (int64_t g = 0; g < cols; ++g) {
-          const float scale = is_static ? s[0] : s[i * cols + g];
+          const float scale = is_static ? s[0] : s[i * s_row + g * s_col];
           for (int64_t e = g * group; e < (g + 1) * group; ++e) dst_row[e] = lut[q[i * k + e]] * scale;
         }
         continue;

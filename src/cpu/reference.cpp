@@ -168,10 +168,13 @@ std::vector<double> linear_activations(const LinearArgs& a) {
   std::vector<double> out(static_cast<size_t>(m * k));
   if (a.x.dtype == DType::F8_E4M3) {
     const float* s = a.x_scale.ptr<const float>();
+    // Group scales row-major or M-major (validate_linear): read through the strides.
+    const bool groups = r.granularity == ActGranularity::PerTokenGroup;
+    const int64_t stride_m = groups ? a.x_scale.strides[0] : 0, stride_g = groups ? a.x_scale.strides[1] : 0;
     for (int64_t row = 0; row < m; ++row) {
       for (int64_t c = 0; c < k; ++c) {
         float scale = s[0];
-        if (r.granularity == ActGranularity::PerTokenGroup) scale = s[row * (k / r.group_size) + c / r.group_size];
+        if (groups) scale = s[row * stride_m + (c / r.group_size) * stride_g];
         if (r.granularity == ActGranularity::PerToken) scale = s[row];
         out[row * k + c] = static_cast<double>(load(a.x, row * k + c)) * scale;
       }

@@ -73,10 +73,12 @@ LinearCase make_case(const NamedRecipe& recipe, int64_t m, int64_t n, int64_t k,
   return c;
 }
 
-// Runs args on the GPU (copies in, poisons the output, runs, copies out) and returns the host output.
-Buffer run_on_gpu(const LinearArgs& host_args, const RunOptions& options = {}) {
-  auto x = to_device(host_args.x, kGpu), xs = to_device(host_args.x_scale, kGpu), w = to_device(host_args.weight, kGpu),
-       ws = to_device(host_args.weight_scale, kGpu), b = to_device(host_args.bias, kGpu);
+// Runs args on the GPU (copies in, poisons the output, runs, copies out) and returns the host output. x_scale_on_device:
+// a device x_scale to take instead of copying host_args.x_scale (an M-major view, which to_device would not keep).
+Buffer run_on_gpu(const LinearArgs& host_args, const RunOptions& options = {}, const TensorView* x_scale_on_device = nullptr) {
+  auto x = to_device(host_args.x, kGpu), xs = to_device(x_scale_on_device ? TensorView{} : host_args.x_scale, kGpu),
+       w = to_device(host_args.weight, kGpu), ws = to_device(host_args.weight_scale, kGpu), b = to_device(host_args.bias, kGpu);
+  if (x_scale_on_device) xs.view = *x_scale_on_device;
   Buffer out(host_args.out.dtype, host_args.out.sizes());
   testing::poison(out);
   auto d_out = to_device(out, kGpu);
@@ -719,6 +721,51 @@ TEST_F(CudaTest, PreQuantizedActivationsAndFp16) {
   const auto cmp = testing::compare(run_on_gpu(c.args), ref);
   EXPECT_EQ(cmp.non_finite, 0);
   EXPECT_LE(cmp.rel, 3e-3);
+}
+
+// Pre-quantized activations with M-major group scales (an [M, G] view with strides [1, ld]: cuBLASLt's and DeepGEMM's
+// layout): the same bits as row-major ones. The GEMM copies them per stage in bulk where M % 4 == 0 and ld is a
+// multiple of 4, and gathers them otherwise: decode sizes (M = 1, 16, 64), M = 128, 300 (M % 4 != 0) and 512, with
+// ld = M rounded up to 4, M + 9 and M rounded up to 4 plus 8, the gaps NaN (never read into a stored row); the tile
+// configs at M = 512. Checked against the CPU reference once per recipe and M.
+TEST_F(CudaTest, MMajorActivationScalesSameBits) {
+  std::vector<NamedRecipe> kinds;
+  for (const auto& r : all_recipes())
+    if (r.activation.granularity == ActGranularity::PerTokenGroup && r.weight.element != ElementType::FP4_E2M1 &&
+        kinds.size() < 3)
+      kinds.push_back(r);
+  ASSERT_GE(kinds.size(), 2u);
+  for (const auto& recipe : kinds) {
+    for (int64_t m : {1, 16, 64, 128, 300, 512}) {
+      const int64_t n = 512, k = 1024, groups = k / recipe.activation.group_size, m4 = (m + 3) / 4 * 4;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, false);
+      prequantize(c, recipe.activation);
+      const Buffer ref = run_reference(c.args, DType::BF16, m, n);
+      for (const char* config : {"", "128x128:1c2", "192x128:1c2", "128x192:1", "128x64:1"}) {
+        if (*config && m != 512) continue;
+        const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+        const Buffer row_major = run_on_gpu(c.args);
+        if (!*config) {
+          const auto cmp = testing::compare(row_major, ref);
+          EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m;
+          EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << recipe.name << " M=" << m;
+        }
+        for (int64_t ld : {m4, m + 9, m4 + 8}) {
+          std::vector<float> mem(static_cast<size_t>(groups * ld), NAN);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t g = 0; g < groups; ++g) mem[g * ld + r] = c.x_q_scale.ptr<float>()[r * groups + g];
+          auto dev = to_device(TensorView::of(mem.data(), DType::F32, {groups, ld}), kGpu);
+          TensorView view = dev.view;
+          view.shape[0] = m;
+          view.shape[1] = groups;
+          view.strides[0] = 1;
+          view.strides[1] = ld;
+          const Buffer out = run_on_gpu(c.args, {}, &view);
+          EXPECT_EQ(out.bytes, row_major.bytes) << recipe.name << " M=" << m << " ld=" << ld << " config=" << config;
+        }
+      }
+    }
+  }
 }
 
 // RunOptions::weights_static with E4M3 activations: the decode kernel requests its first weight tiles before it waits

@@ -48,9 +48,13 @@ struct GemmParams {
   // A scales copied per stage by the TMA thread (cp.async.bulk of the tile's rows, one contiguous run of M-major scales
   // [K/128][a_scale_stride_k]) instead of gathered row by row by the scale-loader warps, which then stage the B scales
   // only: cuBLASLt's kernel reads its A scales as one 512-byte block per stage (stop 26). Set by
-  // launch_sm90_fp8_gemm where FINEGEMM_GEMM_SCALE_BULK=1 and the scales allow it (a_scale_bulk_ok); off until
-  // measured on the H200. linear() then has its quantizer write the scales M-major.
+  // launch_sm90_fp8_gemm where the scales allow it (a_scale_bulk_ok; on by default since stop 27, 4-8% at M = 4096;
+  // FINEGEMM_GEMM_SCALE_BULK=0 turns it off). linear() has its quantizer write the scales M-major, and takes M-major
+  // scales of a pre-quantized x as they come.
   bool a_scale_bulk = false;
+  // The A scales' rows up to M rounded up to 4 are readable in every group (linear()'s own M-major buffer, whose
+  // padding rows the quantizer fills); without it the bulk copy needs M % 4 == 0 (a caller's tensor may end at row M).
+  bool a_scale_padded = false;
   // A tile with one B scale (block 128 B scales on a 128-wide tile) runs a K loop compiled for that case, so that no
   // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop); 192-wide tiles likewise for
   // their two-scale patterns. On by default since stop 27 (5-7% at M = 4096); FINEGEMM_GEMM_HOIST_SPLIT=0 turns it off.

@@ -234,7 +234,8 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 }
 
 // scale_ld > 0: the scales M-major, scale (row, group) at group · scale_ld + row, with `scale_cols` groups per row (the
-// layout the GEMM's bulk scale copies read, GemmParams::a_scale_bulk); 0: row-major [M, K / kGroup].
+// layout the GEMM's bulk scale copies read, GemmParams::a_scale_bulk), rows M..scale_ld-1 set to 1; 0: row-major
+// [M, K / kGroup].
 template <typename T, int kGroup, bool kPow2>
 __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel(const T* __restrict__ x,
                                                                                  uint8_t* __restrict__ x_q,
@@ -278,7 +279,17 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel
       reinterpret_cast<uint2*>(x_q)[vec1] = quantize8_by_reciprocal<kPow2>(v[1], s, r);
       if (lane_in_group == 0) {
         const int flat = vec0 / (kGroup / 8);  // row · scale_cols + group
-        x_scale[scale_ld > 0 ? (flat % scale_cols) * scale_ld + flat / scale_cols : flat] = s;
+        if (scale_ld > 0) {
+          const int row = flat / scale_cols, g = flat - row * scale_cols;
+          x_scale[g * scale_ld + row] = s;
+          // The last row also fills the padding rows up to scale_ld (the GEMM's bulk copies read them; their
+          // products are never stored), so that no copy reads uninitialized memory.
+          const int rows = num_vectors / (kGroup / 8) / scale_cols;
+          if (row == rows - 1)
+            for (int r = rows; r < scale_ld; ++r) x_scale[g * scale_ld + r] = 1.0f;
+        } else {
+          x_scale[flat] = s;
+        }
       }
     }
   }

@@ -7,7 +7,8 @@
 namespace finegemm::cuda {
 namespace {
 
-// A host copy of a (contiguous) device tensor.
+// A host copy of a device tensor: the memory its strides span (the numel of a contiguous one; an M-major x_scale
+// spans ld · (G - 1) + M elements), with the same strides.
 struct HostCopy {
   std::vector<uint8_t> bytes;
   TensorView view;
@@ -16,7 +17,11 @@ struct HostCopy {
 HostCopy to_host(const TensorView& t, cudaStream_t stream) {
   HostCopy h;
   if (!t.defined()) return h;
-  const size_t n = static_cast<size_t>(t.numel()) * dtype_size(t.dtype);
+  int64_t span = t.numel() > 0 ? 1 : 0;
+  if (span && !t.is_contiguous())
+    for (int d = 0; d < t.ndim; ++d) span += (t.shape[d] - 1) * t.strides[d];
+  else span = t.numel();
+  const size_t n = static_cast<size_t>(span) * dtype_size(t.dtype);
   h.bytes.resize(n + 1);
   if (n) FG_CUDA_CHECK(cudaMemcpyAsync(h.bytes.data(), t.data, n, cudaMemcpyDeviceToHost, stream));
   h.view = t;

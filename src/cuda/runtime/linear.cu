@@ -48,16 +48,19 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
   int64_t scale_stride_m = args.x_scale.defined() && args.x_scale.ndim >= 1 ? args.x_scale.strides[0] : 0;
   int64_t scale_stride_k = args.x_scale.defined() && args.x_scale.ndim >= 2 ? args.x_scale.strides[1] : 0;
   std::optional<StreamScratch> q_buffer, s_buffer;
+  bool own_m_major = false;  // the scales in our own M-major buffer, padding rows included
   if (args.x.dtype != DType::F8_E4M3) {
     q_buffer.emplace(static_cast<size_t>(m * k), stream);
     x_q = q_buffer->as<void>();
-    // FINEGEMM_GEMM_SCALE_BULK=1: groups of 128 are written M-major ([K/128, M rounded up to 4]) for the GEMM's
-    // bulk scale copies (GemmParams::a_scale_bulk; prefill sizes, E4M3 weights promoted every 128).
+    // Groups of 128 are written M-major ([K/128, M rounded up to 4], the padding rows set) for the GEMM's bulk scale
+    // copies (GemmParams::a_scale_bulk; prefill sizes, E4M3 weights promoted every 128; FINEGEMM_GEMM_SCALE_BULK=0:
+    // row-major).
     const int64_t m_major_ld = (m + 3) / 4 * 4;
     const bool m_major = !args.activation.is_static() && args.activation.granularity == ActGranularity::PerTokenGroup &&
                          args.activation.group_size == 128 && !fp4 && promote_k == 128 && m > 64 &&
                          m * k / 8 <= (int64_t{1} << 30) && a_scale_bulk_wanted();
     if (m_major) {
+      own_m_major = true;
       s_buffer.emplace(sizeof(float) * static_cast<size_t>(m_major_ld * (k / 128)), stream);
       x_scale = s_buffer->as<float>();
       scale_stride_m = 1;
@@ -78,6 +81,8 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
   // The caller promises that the kernel ahead does not write the weights (RunOptions::weights_static).
   if (weights_static) p.pdl_weights_ready = true;
   set_activation_scales(p, args.activation, x_scale, scale_stride_m, scale_stride_k, k, x_scale);
+  // Our own M-major buffer holds its padding rows (a caller's M-major x_scale may end at row M).
+  p.a_scale_padded = own_m_major;
   set_weight_scales(p, args.weight_recipe, args.weight_scale, n, k);
 
   // Epilogue.

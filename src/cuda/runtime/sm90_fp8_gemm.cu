@@ -296,11 +296,12 @@ NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmCo
 }
 }  // namespace
 
-bool a_scale_bulk_wanted() { return env_switch("FINEGEMM_GEMM_SCALE_BULK", false); }
+bool a_scale_bulk_wanted() { return env_switch("FINEGEMM_GEMM_SCALE_BULK", true); }
 
 bool a_scale_bulk_ok(const GemmParams& p) {
   return p.a_scale != nullptr && p.a_group == 128 && p.a_scale_stride_m == 1 && p.a_scale_stride_k % 4 == 0 &&
-         p.a_scale_stride_k >= (int64_t{p.m} + 3) / 4 * 4 && reinterpret_cast<uintptr_t>(p.a_scale) % 16 == 0;
+         p.a_scale_stride_k >= (int64_t{p.m} + 3) / 4 * 4 && reinterpret_cast<uintptr_t>(p.a_scale) % 16 == 0 &&
+         (p.a_scale_padded || p.m % 4 == 0);
 }
 
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {

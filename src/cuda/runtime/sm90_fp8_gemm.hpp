@@ -26,12 +26,14 @@ struct GemmConfig {
 GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms);
 
 // a [M, K] and b [N, K] E4M3, row-major with leading dimensions lda/ldb (bytes, multiples of 16), 16-byte aligned.
-// FINEGEMM_GEMM_SCALE_BULK=1 (off until measured): dense E4M3 GEMMs with groups of 128 copy each stage's A scales
-// with one cp.async.bulk where the scales are M-major (GemmParams::a_scale_bulk); linear() then quantizes to that
-// layout at prefill sizes.
+// Dense E4M3 GEMMs with groups of 128 copy each stage's A scales with one cp.async.bulk where the scales are M-major
+// (GemmParams::a_scale_bulk); linear() then quantizes to that layout at prefill sizes. On by default since stop 27
+// (H200, M = 4096, TFLOP/s, loaders -> bulk: N=7168 K=16384 1002 -> 1081, N=4096 K=7168 962 -> 1000, N=24576 K=1536
+// 967 -> 1006, N=7168 K=2048 904 -> 940); FINEGEMM_GEMM_SCALE_BULK=0 turns it off.
 bool a_scale_bulk_wanted();
 // Whether the bulk copy can read p's A scales: groups of 128, M-major (stride 1 along M) with a leading dimension of
-// at least M rounded up to 4 and a multiple of 4, 16-byte aligned.
+// at least M rounded up to 4 and a multiple of 4, 16-byte aligned, and the rows up to M rounded up to 4 readable
+// (GemmParams::a_scale_padded, or M % 4 == 0).
 bool a_scale_bulk_ok(const GemmParams& p);
 
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
