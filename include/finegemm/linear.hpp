@@ -10,7 +10,9 @@ struct LinearArgs {
   // [M, K]. F32/BF16/F16: quantized on the fly per `activation`.
   // F8_E4M3: already quantized; `x_scale` then holds its scales (activation_scale_shape).
   TensorView x;
-  // Static recipe: the scalar input scale (F32, [] or [1]). Pre-quantized x: its scales. Otherwise left out.
+  // Static recipe: the scalar input scale (F32, [] or [1]). Pre-quantized x: its scales; token-group scales
+  // [M, K/group] may be row-major or M-major (strides [1, ld] with ld >= M: cuBLASLt's and DeepGEMM's layout, which
+  // the GPU GEMM copies per stage in one bulk copy where M % 4 == 0 and ld % 4 == 0). Otherwise left out.
   TensorView x_scale;
   ActivationRecipe activation;
 
