@@ -525,6 +525,16 @@ TEST_F(CudaTest, HoistedSplitSameBits) {
                           {recipes[0], recipes[1], recipes[2], recipes[7]}, 2048);
 }
 
+// Three consumer warpgroups issuing their wgmma groups in a ring of named barriers (FINEGEMM_GEMM_ROTATE_ISSUE=1, off
+// by default): the same arithmetic in another order of issue, so the same bits. 192x128 alone, in pairs sharing B and
+// in 2x2 blocks; M = 300 leaves the second row block's last warpgroup without rows (it still issues, in turn, since
+// the ring needs every warpgroup); K = 2048 wraps the ring; checked against the reference once per recipe.
+TEST_F(CudaTest, RotatedIssueSameBits) {
+  const auto recipes = all_recipes();
+  expect_switch_same_bits("FINEGEMM_GEMM_ROTATE_ISSUE", {{"", "1"}, {"192x128:1", "1"}, {"192x128:1c2", "1"}, {"192x128:1c4", "1"}},
+                          {recipes[0], recipes[1], recipes[2], recipes[7]}, 2048);
+}
+
 // The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
 // with M-major scales ([K/128, M rounded up to 4]) and the GEMM's TMA thread copies each stage's run of the tile's
 // rows with cp.async.bulk, so the loader warps stage the B scales only. Same scales and arithmetic, so the same bits:

@@ -719,20 +719,25 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     // Pingpong (p.pingpong, two consumer warpgroups): the warpgroups issue their wgmma groups in turn (named
     // barriers 1 and 2), so that one promotes while the other's wgmma runs. Without it both wait on the same stage,
     // issue together, finish together and promote together, leaving the tensor cores idle meanwhile.
+    // Three consumer warpgroups (192-row tiles) take the same ring with p.rotate_issue: warpgroup w > 0 waits on
+    // barrier w for warpgroup w - 1's issue, warpgroup 0 on barrier 3 for warpgroup 2's previous one.
     // NOTE: not for 256-wide tiles: its two registers made the 128x256 gate_up kernel (128 + 64 accumulators)
     // spill 32 bytes.
     const bool double_acc = kDoubleAcc && p.double_acc;
-    const bool ordered = kNumConsumers == 2 && BLOCK_N <= 192 && p.pingpong && !double_acc;
-    bool issued_before = false;  // warpgroup 0: a group of warpgroup 1 is pending on barrier 2
+    const bool ordered = (kNumConsumers == 2 && BLOCK_N <= 192 && p.pingpong && !double_acc) ||
+                         (kNumConsumers == 3 && kPromote && p.rotate_issue);
+    bool issued_before = false;  // warpgroup 0: a group of the last warpgroup is pending on barrier kNumConsumers
     auto order_before_issue = [&]() {
       if (!ordered) return;
       if (warpgroup == 1) ptx::named_bar_sync<1, 256>();
-      else if (issued_before) ptx::named_bar_sync<2, 256>();
+      else if (kNumConsumers == 3 && warpgroup == 2) ptx::named_bar_sync<2, 256>();
+      else if (warpgroup == 0 && issued_before) ptx::named_bar_sync<kNumConsumers == 3 ? 3 : 2, 256>();
     };
     auto order_after_issue = [&]() {
       if (!ordered) return;
       if (warpgroup == 0) ptx::named_bar_arrive<1, 256>();
-      else ptx::named_bar_arrive<2, 256>();
+      else if (warpgroup == 1) ptx::named_bar_arrive<2, 256>();
+      else ptx::named_bar_arrive<3, 256>();
       issued_before = true;
     };
 
@@ -1163,8 +1168,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         epilogue(acc);
       }
     }
-    // Warpgroup 0 takes warpgroup 1's last arrival on barrier 2, so that no barrier is left half passed.
-    if (ordered && warpgroup == 0 && issued_before) ptx::named_bar_sync<2, 256>();
+    // Warpgroup 0 takes the last warpgroup's last arrival, so that no barrier is left half passed.
+    if (ordered && warpgroup == 0 && issued_before) ptx::named_bar_sync<kNumConsumers == 3 ? 3 : 2, 256>();
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if constexpr (kCluster > 1) {

@@ -107,6 +107,7 @@ inline bool fp4_fold(const GemmParams& p) {
 
 // The kernel switches of GemmParams, from the environment (dense and grouped launches alike):
 // - pingpong (on; FINEGEMM_GEMM_PINGPONG=0): the two consumer warpgroups issue their wgmma in turns.
+// - rotate_issue (off; FINEGEMM_GEMM_ROTATE_ISSUE=1): three consumer warpgroups likewise, in a ring.
 // - chunk_scales (on; FINEGEMM_GEMM_CHUNK_SCALES=0): one B scale per 8-column chunk. M=4096 N=7168 K=16384 812 vs
 //   766 TFLOP/s, N=4096 K=7168 623 vs 589 on the H200 (gpu-check bench-accum, 48fe691).
 // - lean_epilogue (on; FINEGEMM_GEMM_LEAN_EPILOGUE=0): measured faster on the H200, same bits.
@@ -128,6 +129,7 @@ inline bool fp4_fold(const GemmParams& p) {
 //   MoE layer (grouped, DeepSeek-V3 T=4096) 5427 -> 5682 us with 128-row tiles, 4700 -> 4844 with 192-row ones.
 inline void apply_env_switches(GemmParams& p, bool grouped = false) {
   p.pingpong = env_switch("FINEGEMM_GEMM_PINGPONG", true);
+  p.rotate_issue = env_switch("FINEGEMM_GEMM_ROTATE_ISSUE", false);
   p.chunk_scales = env_switch("FINEGEMM_GEMM_CHUNK_SCALES", true);
   p.lean_epilogue = env_switch("FINEGEMM_GEMM_LEAN_EPILOGUE", true);
   p.skip_idle = env_switch("FINEGEMM_GEMM_SKIP_IDLE", true);
