@@ -338,6 +338,15 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
       EXPECT_EQ(c.grid, (n + 63) / 64 * split) << n << "x" << k;  // every unit in one wave
       EXPECT_LE(c.grid, 132) << n << "x" << k;
     }
+    // M = 128 with one wave of 128x64 tiles and no split-K: two rows of 64x128 tiles (stop 28: 48.2 vs 53.6 us at
+    // N = 7168 K = 16384, 9.8 vs 10.8 at K = 2048); the split-K shapes above keep 128x64.
+    for (const int k : {16384, 2048}) {
+      const auto c = cuda::choose_gemm_config(128, 7168, k, 128, 132);
+      EXPECT_EQ(c.block_m, 64) << k;
+      EXPECT_EQ(c.block_n, 128) << k;
+      EXPECT_EQ(c.split_k, 1) << k;
+      EXPECT_EQ(c.grid, 112) << k;
+    }
     // At M = 64 the split-K partials count as bytes moved: N = 7168 K = 2048 took 8 splits of 64x64 tiles, whose
     // F32 partials outweighed the weights (stop 25); now one wave of 112 tiles without splits.
     const auto decode64 = cuda::choose_gemm_config(64, 7168, 2048, 128, 132);

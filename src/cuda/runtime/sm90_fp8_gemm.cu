@@ -211,6 +211,15 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
         }
       }
     }
+    // M = 65..128 where one row of 128x64 tiles fills a wave without split-K: two rows of 64x128 tiles instead (the
+    // same tile count; one consumer warpgroup issuing n128 wgmma where two issued n64). Measured on the H200 (stop 28,
+    // graph replay, M = 128, same data): N = 7168 K = 16384 48.2 vs 53.6 us, N = 7168 K = 2048 9.8 vs 10.8; with
+    // split-K (N = 4096 K = 7168, 2112, 576) 128x64 stayed ahead (18.7 vs 19.3 at N = 4096).
+    if (promote_k == 128 && m > 64 && m <= 128 && c.block_m == 128 && c.block_n == 64 && c.split_k == 1 &&
+        static_cast<int64_t>(ceil_div(m, 64)) * ceil_div(n, 128) <= tiles) {
+      c.block_m = 64;
+      c.block_n = 128;
+    }
   }
   // 2-CTA clusters. NOTE: measured on the H200 after dde513b (no membar before the remote stage release), M = 4096,
   // bench/results/stop24_clusters_2026-12-02_ab42b19.json: 192x128 pairs sharing B (c2, the pair takes two row
