@@ -31,7 +31,7 @@ struct GemmParams {
   // Two consumer warpgroups issue their wgmma in turn (see sm90_fp8_gemm.cuh); FINEGEMM_GEMM_PINGPONG=0 turns it off.
   bool pingpong = true;
   // Three consumer warpgroups (192-row tiles) issue their wgmma groups in turn, in a ring of named barriers 1..3
-  // (FINEGEMM_GEMM_ROTATE_ISSUE=1; off until measured on the H200). Not with skip_idle's idle-warpgroup loop.
+  // (FINEGEMM_GEMM_ROTATE_ISSUE=1; off: slower on the H200 at stop 28). Not with skip_idle's idle-warpgroup loop.
   bool rotate_issue = false;
   // The scale loader warps load one B scale per 8-column chunk where the scale blocks allow it (the consumers read
   // only each chunk's first column), not one per column. On unless FINEGEMM_GEMM_CHUNK_SCALES=0.
