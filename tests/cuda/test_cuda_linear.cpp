@@ -544,6 +544,41 @@ TEST_F(CudaTest, RotatedIssueSameBits) {
                           {recipes[0], recipes[1], recipes[2], recipes[7]}, 2048);
 }
 
+// L2 prefetch of B's tiles ahead of the ring (FINEGEMM_GEMM_L2_PREFETCH=D, off by default): a request into L2 only,
+// so the same bits at distances 1 and 5 as without. Prefill tile configs (alone, pairs sharing B or A, 2x2 blocks,
+// split-K, several tiles per CTA at M = 300 so the prefetch cursor crosses tile ends; K = 1152 with distance 5 runs
+// past the last tile) and decode sizes (M = 1 and 16: the decode kernel's weight tiles, split-K); checked against the
+// reference once per recipe and size.
+TEST_F(CudaTest, L2PrefetchSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7]};
+  for (const char* config : {"", "128x128:1", "192x128:1", "192x128:1c2", "128x128:1c2a", "128x128:1c4", "128x64:3",
+                             "64x128:1"}) {
+    const testing::ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+    for (const auto& recipe : kinds) {
+      for (int64_t m : {1, 16, 300}) {
+        if (*config && m < 300) continue;
+        const int64_t n = 1000, k = 1152;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
+        setenv("FINEGEMM_GEMM_L2_PREFETCH", "0", 1);
+        const Buffer off = run_on_gpu(c.args);
+        for (const char* distance : {"1", "5"}) {
+          setenv("FINEGEMM_GEMM_L2_PREFETCH", distance, 1);
+          const Buffer on = run_on_gpu(c.args);
+          EXPECT_TRUE(on.bytes == off.bytes)
+              << config << " " << recipe.name << " M=" << m << " distance " << distance;
+        }
+        unsetenv("FINEGEMM_GEMM_L2_PREFETCH");
+        if (*config) continue;
+        const Buffer ref = run_reference(c.args, DType::F32, m, n);
+        const auto cmp = testing::compare(off, ref);
+        EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m;
+        EXPECT_LE(cmp.rel, 1e-3) << recipe.name << " M=" << m;
+      }
+    }
+  }
+}
+
 // The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
 // with M-major scales ([K/128, M rounded up to 4]) and the GEMM's TMA thread copies each stage's run of the tile's
 // rows with cp.async.bulk, so the loader warps stage the B scales only. Same scales and arithmetic, so the same bits:

@@ -48,6 +48,12 @@ struct GemmParams {
   // group has completed, before the promotion's FMAs (the stage's shared memory is no longer read by then), so that
   // the producer refills it ~100-200 cycles sooner. FINEGEMM_GEMM_EARLY_RELEASE=1; off until measured on the H200.
   bool early_release = false;
+  // The TMA thread also requests B's tile `l2_prefetch` K blocks ahead of the one it loads into L2
+  // (cp.async.bulk.prefetch.tensor; across tile ends in the scheduler's order), so that the ring's loads find the
+  // weights in L2 where they would wait for DRAM: a one-wave GEMM (M = 512) runs ~535 ns per K block with ~4 stages in
+  // flight, i.e. ~2 us per load. The dense decode kernel likewise requests its weight tile D stages ahead. 0: off.
+  // FINEGEMM_GEMM_L2_PREFETCH=D (E4M3 B in the GEMM, any weights in decode; off until measured on the H200).
+  int l2_prefetch = 0;
   // A scales copied per stage by the TMA thread (cp.async.bulk of the tile's rows, one contiguous run of M-major scales
   // [K/128][a_scale_stride_k]) instead of gathered row by row by the scale-loader warps, which then stage the B scales
   // only: cuBLASLt's kernel reads its A scales as one 512-byte block per stage (stop 26). Set by

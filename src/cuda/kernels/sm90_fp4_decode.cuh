@@ -438,6 +438,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
           // Stages i < pre had their weight tile requested before the programmatic wait.
           ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageX + (i < pre ? 0 : Smem::kStageW));
           if (i >= pre) ptx::tma_load_2d(smem_w + stage * Smem::kStageW, &tma_w, &full[stage], kb * kRowBytes, w_row0 + n0);
+          // GemmParams::l2_prefetch: the weight tile D stages ahead into L2 (first chunk only: later chunks of
+          // tokens read the same weights again).
+          if (p.l2_prefetch > 0 && c == 0 && j_kb + p.l2_prefetch < kb_count)
+            ptx::tma_prefetch_l2_2d(&tma_w, (kb + p.l2_prefetch) * kRowBytes, w_row0 + n0);
 #pragma unroll
           for (int j = 0; j < kStageK / kGemmBlockK; ++j)
             ptx::tma_load_2d(smem_x + stage * Smem::kStageX + j * WN * kGemmBlockK, &tma_x, &full[stage],

@@ -334,6 +334,32 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     if (warp == 0 && lane == 0) {
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
+      // L2 prefetch (GemmParams::l2_prefetch = D): a second cursor walks the K blocks D ahead of the loads, in the
+      // same order (across tile ends), and requests each one's B tile into L2.
+      const bool l2_prefetch = !kFp4B && p.l2_prefetch > 0;
+      int pf_t = tile_begin, pf_kb = 0, pf_end = 0, pf_row0 = 0, pf_row1 = 0;
+      auto pf_seek = [&]() {  // from tile pf_t on, the first tile with K blocks (pf_t = num_tiles: none left)
+        for (; pf_t < num_tiles; pf_t += tile_step) {
+          const TileInfo tl = tile_at(pf_t);
+          if (tl.kb_begin < tl.kb_end) {
+            pf_kb = tl.kb_begin;
+            pf_end = tl.kb_end;
+            pf_row0 = tl.group * p.n + tile_b_row<BLOCK_N>(p, tl.n_block, 0);
+            pf_row1 = tl.group * p.n + tile_b_row<BLOCK_N>(p, tl.n_block, BLOCK_N / 2);
+            return;
+          }
+        }
+      };
+      auto pf_step = [&]() {
+        if (++pf_kb >= pf_end) {
+          pf_t += tile_step;
+          pf_seek();
+        }
+      };
+      if (l2_prefetch) {
+        pf_seek();
+        for (int i = 0; i < p.l2_prefetch && pf_t < num_tiles; ++i) pf_step();
+      }
       uint32_t iter = 0;
       for (int t = tile_begin; t < num_tiles; t += tile_step) {
         const TileInfo tile = tile_at(t);
@@ -341,6 +367,12 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         const int b_row1 = tile.group * p.n + tile_b_row<BLOCK_N>(p, tile.n_block, BLOCK_N / 2);
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++iter) {
           const int stage = iter % kNumStages;
+          // Before this stage's wait: the request runs while the consumers still hold the stage.
+          if (l2_prefetch && pf_t < num_tiles) {
+            ptx::tma_prefetch_l2_2d(&tma_b, pf_kb * kGemmBlockK, pf_row0);
+            ptx::tma_prefetch_l2_2d(&tma_b, pf_kb * kGemmBlockK, pf_row1);
+            pf_step();
+          }
           // Wait until the consumers released this stage (passes at once on the first lap).
           ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
           if constexpr (kFp4B) {

@@ -56,6 +56,13 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
   const int32_t coords[2] = {c0, c1};
   cp::cp_async_bulk_tensor(cp::space_cluster, cp::space_global, dst, map, coords, bar);
 }
+// The tile at (c0, c1) into L2 only (no shared memory, no barrier): cp.async.bulk.prefetch.tensor, which CCCL's
+// cuda::ptx does not wrap in CUDA 13.0.
+__device__ __forceinline__ void tma_prefetch_l2_2d(const CUtensorMap* map, int c0, int c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1)
+               : "memory");
+}
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   const int32_t coords[3] = {c0, c1, c2};
   cp::cp_async_bulk_tensor(cp::space_cluster, cp::space_global, dst, map, coords, bar);
