@@ -579,6 +579,31 @@ TEST_F(CudaTest, L2PrefetchSameBits) {
   }
 }
 
+// B's tile by one TMA copy of BLOCK_N rows (FINEGEMM_GEMM_B_ONE_BOX=1, off by default) where the CTA loads all of it:
+// the same bytes in the same swizzled layout, so the same bits. Every tile width (64, 128, 192, 256), pairs sharing A
+// (each CTA its own B), pairs sharing B (multicast halves: the switch leaves them alone), split-K; N = 1000 ends inside
+// a tile (the box reads past N, zero-filled); M = 300 gives CTAs several tiles; checked against the reference once per
+// recipe.
+TEST_F(CudaTest, OneBoxBSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[2], recipes[7], recipes[9]};
+  for (const char* config : {"", "128x128:1", "192x128:1", "128x64:1", "64x128:1", "64x64:1", "128x192:1", "128x256:1",
+                             "128x128:1c2a", "192x128:1c2a", "192x128:1c2", "128x128:3"}) {
+    const testing::ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+    for (const auto& recipe : kinds) {
+      const int64_t m = 300, n = 1000, k = 1024;
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
+      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_B_ONE_BOX", c.args);
+      EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name;
+      if (*config) continue;
+      const Buffer ref = run_reference(c.args, DType::F32, m, n);
+      const auto cmp = testing::compare(runs.on, ref);
+      EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+      EXPECT_LE(cmp.rel, 1e-3) << recipe.name;
+    }
+  }
+}
+
 // The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
 // with M-major scales ([K/128, M rounded up to 4]) and the GEMM's TMA thread copies each stage's run of the tile's
 // rows with cp.async.bulk, so the loader warps stage the B scales only. Same scales and arithmetic, so the same bits:

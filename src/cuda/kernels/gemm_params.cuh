@@ -54,6 +54,12 @@ struct GemmParams {
   // flight, i.e. ~2 us per load. The dense decode kernel likewise requests its weight tile D stages ahead. 0: off.
   // FINEGEMM_GEMM_L2_PREFETCH=D (E4M3 B in the GEMM, any weights in decode; off until measured on the H200).
   int l2_prefetch = 0;
+  // B's tile by one TMA copy of BLOCK_N rows instead of two of BLOCK_N / 2 (the gate and up halves' scheme), where a
+  // CTA loads its whole B tile from consecutive rows (plain layout, E4M3, no B multicast): the tensor map's box is
+  // then BLOCK_N rows (set by the launcher with it). Stop 29: requesting two more tiles per stage into L2 (l2_prefetch)
+  // cost 10-15% where the data was already in L2, as if the copies' count, not their bytes, were the price.
+  // FINEGEMM_GEMM_B_ONE_BOX=1 (off until measured on the H200).
+  bool b_box_full = false;
   // A scales copied per stage by the TMA thread (cp.async.bulk of the tile's rows, one contiguous run of M-major scales
   // [K/128][a_scale_stride_k]) instead of gathered row by row by the scale-loader warps, which then stage the B scales
   // only: cuBLASLt's kernel reads its A scales as one 512-byte block per stage (stop 26). Set by
