@@ -347,6 +347,16 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
       EXPECT_EQ(c.split_k, 1) << k;
       EXPECT_EQ(c.grid, 112) << k;
     }
+    // K <= 512 at M > 256: 192x128 tiles (here in pairs sharing A: three row blocks), not 128x128 (stop 28/29: 28.9 vs
+    // 33.3 us at M = 512 N = 32768 K = 512); a longer K keeps 128x128.
+    const auto short_k = cuda::choose_gemm_config(512, 32768, 512, 128, 132);
+    EXPECT_EQ(short_k.block_m, 192);
+    EXPECT_EQ(short_k.block_n, 128);
+    EXPECT_EQ(short_k.cluster, 2);
+    EXPECT_TRUE(short_k.share_a);
+    const auto long_k = cuda::choose_gemm_config(512, 4096, 7168, 128, 132);
+    EXPECT_EQ(long_k.block_m, 128);
+    EXPECT_EQ(long_k.block_n, 128);
     // At M = 64 the split-K partials count as bytes moved: N = 7168 K = 2048 took 8 splits of 64x64 tiles, whose
     // F32 partials outweighed the weights (stop 25); now one wave of 112 tiles without splits.
     const auto decode64 = cuda::choose_gemm_config(64, 7168, 2048, 128, 132);
