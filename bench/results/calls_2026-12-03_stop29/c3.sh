@@ -2,7 +2,7 @@
 # Stop 29 call 3: B's tile by one TMA copy (FINEGEMM_GEMM_B_ONE_BOX=1) against two halves. Call 2 found that two
 # more TMA requests per stage (L2 prefetches of data already in L2) cost 10-15%: if the copies' count is a price, one
 # copy fewer per stage should gain. Its same-bits test, then A/B on the same data (graph replay) at M = 512, 4096 and
-# 128, the MoE layer (grouped GEMMs) with and without, its tests with it on.
+# 128, the MoE layer (grouped GEMMs) with and without, its tests with it on. And the K <= 512 heuristic at M = 512.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -21,7 +21,10 @@ run() {  # m n:k envs limit_s
 timeout 150 $B/tests/test_cuda_linear --gtest_filter='CudaTest.OneBoxBSameBits' >$W/t_box.txt 2>&1
 echo "OneBoxBSameBits rc=$? ($(( $(date +%s) - s0 )) s) $(grep -E '^\[  (PASSED|FAILED) ' $W/t_box.txt | tr '\n' ' ')"; grep -B2 -A6 Failure $W/t_box.txt | head -30
 O=FINEGEMM_GEMM_B_ONE_BOX=1
-for nk in 4096:7168 7168:16384 24576:1536 32768:512 7168:2048 2112:7168; do run 512 $nk ";$O;;$O" 150; done
+for nk in 4096:7168 7168:16384 24576:1536 32768:512 7168:2048 2112:7168; do
+  X=""; [ $nk = 32768:512 ] && X=";FINEGEMM_GEMM_CONFIG=128x128:1"  # the new K <= 512 pick (192x128 pairs) vs the old
+  run 512 $nk ";$O;;$O$X" 150
+done
 for nk in 7168:16384 4096:7168 24576:1536 32768:512 7168:2048 2112:7168; do run 4096 $nk ";$O" 300; done
 for nk in 32768:512 24576:1536 7168:16384; do run 128 $nk ";$O" 330; done
 for o in 0 1; do
