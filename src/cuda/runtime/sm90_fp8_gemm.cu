@@ -386,7 +386,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const CUtensorMap tma_a = fp4_decode || fp8_decode ? CUtensorMap{} : make_tma_2d(a, p.m, p.k, lda, c.share_a || c.cluster == 4 ? c.block_m / 2 : c.block_m);
   // GemmParams::b_box_full: one B copy per stage where the CTA loads its whole B tile (no B multicast).
   p.b_box_full = !p.b_fp4 && !fp4_decode && !fp8_decode && p.b_layout == BLayout::Plain && (c.cluster == 1 || c.share_a) &&
-                 env_switch("FINEGEMM_GEMM_B_ONE_BOX", false);
+                 env_switch("FINEGEMM_GEMM_B_ONE_BOX", true);
   const CUtensorMap tma_b = fp4_decode || fp8_decode ? CUtensorMap{} : p.b_fp4 ? make_tma_2d(b, p.n, p.k / 2, ldb, c.block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, p.n, p.k, ldb, p.b_box_full ? c.block_n : c.block_n / 2);
   // One scheduler per compiled tile height; each kernel takes the one of its BLOCK_M (256: 2-CTA cluster pairs).

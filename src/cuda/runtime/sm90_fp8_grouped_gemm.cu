@@ -110,7 +110,7 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, shared_a ? block_m / 2 : block_m);
   const int64_t b_rows = static_cast<int64_t>(layout.num_groups) * p.n;
   // GemmParams::b_box_full: one B copy per stage (plain layout: each expert's tile rows are consecutive).
-  p.b_box_full = !p.b_fp4 && p.b_layout == BLayout::Plain && env_switch("FINEGEMM_GEMM_B_ONE_BOX", false);
+  p.b_box_full = !p.b_fp4 && p.b_layout == BLayout::Plain && env_switch("FINEGEMM_GEMM_B_ONE_BOX", true);
   const CUtensorMap tma_b = p.b_fp4 ? make_tma_2d(b, b_rows, p.k / 2, ldb, block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, b_rows, p.k, ldb, p.b_box_full ? block_n : block_n / 2);
   p.workspace = nullptr;
