@@ -615,32 +615,6 @@ TEST_F(CudaTest, OneBoxBSameBits) {
   }
 }
 
-// The A scales' bulk copy issued by the stage's scale loader warp instead of the TMA thread
-// (FINEGEMM_GEMM_SCALE_COPY_LOADER=1, off by default): the same copy into the same stage, so the same bits. Every
-// 128-promoting tile config with bulk scales (pairs sharing B past M, pairs sharing A, 2x2 blocks, split-K), M = 301
-// (padding rows, a partial last row block) and 1000; checked against the reference once per recipe.
-TEST_F(CudaTest, ScaleCopyByLoaderSameBits) {
-  const auto recipes = all_recipes();
-  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7]};
-  for (const char* config : {"", "128x128:1", "192x128:1", "192x128:1c2", "128x128:1c2a", "128x128:1c4", "128x64:1",
-                             "64x128:1", "128x128:3"}) {
-    const testing::ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
-    for (const auto& recipe : kinds) {
-      for (int64_t m : {301, 1000}) {
-        const int64_t n = 1000, k = 1024;
-        LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
-        const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_SCALE_COPY_LOADER", c.args);
-        EXPECT_TRUE(runs.same_bits()) << config << " " << recipe.name << " M=" << m;
-        if (*config || m != 301) continue;
-        const Buffer ref = run_reference(c.args, DType::F32, m, n);
-        const auto cmp = testing::compare(runs.on, ref);
-        EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
-        EXPECT_LE(cmp.rel, 1e-3) << recipe.name;
-      }
-    }
-  }
-}
-
 // The A scales by one bulk copy per stage (FINEGEMM_GEMM_SCALE_BULK=1, off by default): linear() quantizes BF16 x
 // with M-major scales ([K/128, M rounded up to 4]) and the GEMM's TMA thread copies each stage's run of the tile's
 // rows with cp.async.bulk, so the loader warps stage the B scales only. Same scales and arithmetic, so the same bits:

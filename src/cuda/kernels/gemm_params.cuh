@@ -62,11 +62,6 @@ struct GemmParams {
   // M = 4096 N = 4096 K = 7168 231.9 -> 223.5; the DeepSeek-V3 MoE layer at T = 4096 4936 -> 4836). On by default
   // since stop 29; FINEGEMM_GEMM_B_ONE_BOX=0 turns it off.
   bool b_box_full = false;
-  // With a_scale_bulk: the A scales' per-stage bulk copy issued by the stage's scale loader warp (lane 0, after its
-  // wait for the free stage) instead of the TMA thread, which then issues two copies per stage, not three. Tells a
-  // per-copy cost of the issuing thread (this gains) from one of the SM's TMA unit (it does not).
-  // FINEGEMM_GEMM_SCALE_COPY_LOADER=1 (off until measured on the H200).
-  bool scale_copy_by_loader = false;
   // A scales copied per stage by the TMA thread (cp.async.bulk of the tile's rows, one contiguous run of M-major scales
   // [K/128][a_scale_stride_k]) instead of gathered row by row by the scale-loader warps, which then stage the B scales
   // only: cuBLASLt's kernel reads its A scales as one 512-byte block per stage (stop 26). Set by

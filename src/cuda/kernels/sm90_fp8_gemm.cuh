@@ -396,10 +396,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
               }
             }
             ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA + Smem::kStageB + scale_bytes);
-            // GemmParams::scale_copy_by_loader: the stage's scale loader warp issues this copy (its bytes still
-            // counted here; a complete_tx before this expect_tx is allowed: the phase also needs this arrival).
-            if (scale_bytes != 0 && !p.scale_copy_by_loader)
-              ptx::bulk_load(stage_scales_a(stage, 0), scale_src, scale_bytes, &full[stage]);
+            if (scale_bytes != 0) ptx::bulk_load(stage_scales_a(stage, 0), scale_src, scale_bytes, &full[stage]);
             if constexpr (kCluster == 4) {
               // Half of A (by this CTA's column in the block) into itself and r ^ 2, which has the same rows; half of
               // B (by its row in the block) into itself and r ^ 1, which has the same columns.
@@ -542,14 +539,6 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         if (kPipelined && next.valid) load(next, 0, va_next, vb_next);  // in flight across this stage's wait
         const int stage = c.iter % kNumStages;
         ptx::mbar_wait(&empty[stage], ((c.iter / kNumStages) & 1) ^ 1);
-        if (a_bulk && p.scale_copy_by_loader && lane == 0) {
-          // The A scales' bulk copy (GemmParams::scale_copy_by_loader), as the TMA thread would issue it.
-          const int rows = min(BLOCK_M, p.m - c.tile.m_row0);
-          if (rows > 0)
-            ptx::bulk_load(stage_scales_a(stage, 0),
-                           p.a_scale + static_cast<int64_t>(min(c.kb, p.a_scale_cols - 1)) * p.a_scale_stride_k + c.tile.m_row0,
-                           static_cast<uint32_t>((rows + 3) / 4 * 16), &full[stage]);
-        }
         if constexpr (kPipelined) {
           store(stage, 0, va, vb);
         } else if constexpr (kFold) {

@@ -122,7 +122,6 @@ inline bool fp4_fold(const GemmParams& p) {
 // - early_release (off; FINEGEMM_GEMM_EARLY_RELEASE=1): GemmParams::early_release; within noise on the H200 (stop 26).
 // - l2_prefetch (off; FINEGEMM_GEMM_L2_PREFETCH=D, 1..64): B's tile D K blocks ahead requested into L2. Slower on
 //   the H200 everywhere (stop 29: M = 512 N = 4096 K = 7168 31.6 -> 35.7 us at D = 4).
-// - scale_copy_by_loader (off; FINEGEMM_GEMM_SCALE_COPY_LOADER=1): the A scales' bulk copy from a loader warp.
 // - hoist_split (on; FINEGEMM_GEMM_HOIST_SPLIT=0): GemmParams::hoist_split. Measured on the H200 (stop 27, M = 4096,
 //   TFLOP/s, off -> on): N=7168 K=16384 1002 -> 1071 (192x128 pairs), 992 -> 1044 (128x128 pairs); N=4096 K=7168
 //   996 -> 1045, 987 -> 1056.
@@ -141,7 +140,6 @@ inline void apply_env_switches(GemmParams& p, bool grouped = false) {
   p.fp4_batched_expand = env_switch("FINEGEMM_FP4_BATCHED_EXPAND", false);
   p.early_release = env_switch("FINEGEMM_GEMM_EARLY_RELEASE", false);
   p.hoist_split = env_switch("FINEGEMM_GEMM_HOIST_SPLIT", true);
-  p.scale_copy_by_loader = env_switch("FINEGEMM_GEMM_SCALE_COPY_LOADER", false);
   if (const char* d = std::getenv("FINEGEMM_GEMM_L2_PREFETCH"); d && *d) p.l2_prefetch = std::max(0, std::min(64, std::atoi(d)));
   const int64_t out_elem = p.out_dtype == OutDType::F32 ? 4 : 2;
   p.wide_stores = env_switch("FINEGEMM_GEMM_WIDE_STORES", !grouped) && p.out != nullptr &&
