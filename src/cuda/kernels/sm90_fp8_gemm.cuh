@@ -422,13 +422,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
               ptx::tma_load_2d_multicast(b_dst + cta_rank * (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage],
                                          kb * kGemmBlockK, cta_rank == 0 ? b_row0 : b_row1, 0x3);
             } else if constexpr (kCluster != 4) {
-              if (p.b_box_full) {
-                // One box of BLOCK_N rows (b_row1 = b_row0 + BLOCK_N / 2): the same bytes in the same swizzled layout.
-                ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
-              } else {
-                ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
+              // With p.b_box_full the box holds BLOCK_N rows (b_row1 = b_row0 + BLOCK_N / 2): one copy, the same bytes in
+              // the same swizzled layout.
+              ptx::tma_load_2d(b_dst, &tma_b, &full[stage], kb * kGemmBlockK, b_row0);
+              if (!p.b_box_full)
                 ptx::tma_load_2d(b_dst + (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage], kb * kGemmBlockK, b_row1);
-              }
             }
           }
         }
