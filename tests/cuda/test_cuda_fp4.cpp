@@ -520,6 +520,10 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            // Two preparer warps (each writes the tables of 32 rows; both vote over all 64).
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           // The GEMV (sm90_fp4_gemv.cuh: mma.sync, no producer warps), unsplit where the heuristic allows and with a
+           // forced split of 3.
+           {{"FINEGEMM_FP4_GEMV", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
+           {{"FINEGEMM_FP4_GEMV", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
            // The splits summed inside a cluster of the tile's CTAs (no workspace, no reduce kernel).
            {{"FINEGEMM_DECODE_CLUSTER_REDUCE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_DECODE_CLUSTER_REDUCE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
@@ -605,6 +609,22 @@ TEST_P(Fp4Linear, ExactDecodePathsSmall) {
   ASSERT_EQ(w.blocks(), 5);
   check_exact(target(), gpu(), "decode paths, M = 7", w, {7}, {ScaleKind::UE8M0, ScaleKind::F32Pow2},
               {ActKind::Static, ActKind::Group32Pow2});
+}
+
+// The FP4 GEMV (FINEGEMM_FP4_GEMV=1: sm90_fp4_gemv.cuh) at every token-tile count (M = 1, 9, 16, 17, 40, 64: one,
+// two, four and eight tiles of 8, with partial tiles), an N tail (200 rows: a 16-row tile of 8) and a K tail (608: the
+// last step of 128 holds three groups of 32), spreads from 0 to 2^-60..2^+30 (no fold decision: it promotes every 32),
+// each scale format and activation recipe, and the splits the heuristic picks, 1 and 3.
+TEST_P(Fp4Linear, ExactGemvPaths) {
+  if (!gpu()) GTEST_SKIP() << "the GEMV is a CUDA kernel";
+  const int spreads[] = {0, 12, 8, kExtreme, 40};
+  const Fp4Matrix w = crafted_matrix(200, 608, [&](int64_t, int64_t b) { return spreads[b]; });
+  ASSERT_EQ(keys(spread_histogram(w)), (std::set<int>{0, 8, 12, 40, kExtreme}));
+  for (const char* split : {"", "1", "3"}) {
+    const ScopedEnv gemv("FINEGEMM_FP4_GEMV", "1"), forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+    check_exact(target(), gpu(), std::string("gemv paths (FINEGEMM_FP4_DECODE_SPLIT=") + split + ")", w,
+                {1, 9, 16, 17, 40, 64});
+  }
 }
 
 // Spreads 9, 12, 40 and 2^-60..2^+30 in every row: promotion per 32 everywhere.
@@ -835,6 +855,10 @@ TEST_P(Fp4Random, LinearMatchesReference) {
         testing::poison(ref);
         linear(linear_args(x_ref, x_scale, rc.act, weight, weight_scale, recipe, ref), {Backend::Reference});
         for (int64_t m : {int64_t{1}, int64_t{16}, max_m}) {
+          // Decode sizes on the GPU: both FP4 decode kernels (the wgmma one and the GEMV).
+          for (const char* gemv : {"0", "1"}) {
+          if (*gemv == '1' && (!gpu() || m > 64)) continue;
+          const ScopedEnv gemv_env("FINEGEMM_FP4_GEMV", gemv);
           for (DType out_dtype : {DType::F32, DType::BF16}) {
             Buffer x_m(DType::BF16, {m, shape.k});
             std::memcpy(x_m.bytes.data(), x.bytes.data(), static_cast<size_t>(m * shape.k * 2));
@@ -853,8 +877,9 @@ TEST_P(Fp4Random, LinearMatchesReference) {
             ASSERT_GT(den, 0.0) << what;
             const double rel = std::sqrt(num / den);
             EXPECT_EQ(non_finite, 0) << what << " M=" << m << " out=" << dtype_name(out_dtype) << " on " << target().name;
-            EXPECT_LE(rel, tolerance(out_dtype))
-                << what << " M=" << m << " out=" << dtype_name(out_dtype) << " on " << target().name;
+            EXPECT_LE(rel, tolerance(out_dtype)) << what << " M=" << m << " out=" << dtype_name(out_dtype)
+                                                 << " FINEGEMM_FP4_GEMV=" << gemv << " on " << target().name;
+          }
           }
         }
       }

@@ -331,6 +331,12 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
                                      ? decode_kernel_kind(p)
                                      : DecodeKind::None;
   const bool fp4_decode = decode_kind == DecodeKind::Fp4 && env_switch("FINEGEMM_FP4_DECODE", true);
+  // The FP4 GEMV (sm90_fp4_gemv.cuh) where it serves the recipe: FINEGEMM_FP4_GEMV=1 up to M = 64, =0 never; by
+  // default up to fp4_gemv_default_max_m().
+  const bool fp4_gemv = fp4_decode && fp4_gemv_ok(p, a, lda, b, ldb) &&
+                        env_switch("FINEGEMM_FP4_GEMV", p.m <= fp4_gemv_default_max_m());
+  const Fp4GemvConfig gemv = fp4_gemv ? choose_fp4_gemv_config(p.m, p.n, p.k, num_sms_of_device(device), device)
+                                      : Fp4GemvConfig{};
   // E4M3 weights in the same decode kernel: block scales constant over its 64-row tiles and 128 of K, activation
   // scales constant over 128 of K. On by default at M ≤ 32, and up to M = 64 at K ≥ 8192: measured against the general
   // kernel on the H200 (N = 7168, K = 16384: 35.9 vs 51.9 µs at M = 1, 39.0 vs 47.1 at M = 32, 41.4 vs 46.5 at M = 48,
@@ -342,7 +348,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // cuBLASLt's 10.9.
   const bool fp8_decode_default = (p.m <= 32 && (p.k > 512 || p.m < 8)) || (p.m <= 64 && p.k >= 8192);
   const bool fp8_decode = decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", fp8_decode_default);
-  const Fp4DecodeConfig decode = fp4_decode || fp8_decode
+  const Fp4DecodeConfig decode = (fp4_decode && !fp4_gemv) || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
                                      : Fp4DecodeConfig{};
   // FP4 prefill: the weights expanded once into E4M3 (fp4_expand_weights.cuh), then the E4M3 GEMM. Byte UE8M0 scales
@@ -361,7 +367,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
       }))
     return;
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
-  if (fp4_decode || fp8_decode) c.split_k = decode.split_k;
+  if (fp4_decode || fp8_decode) c.split_k = fp4_gemv ? gemv.split_k : decode.split_k;
   // The A scales by one bulk copy per stage (the E4M3 kernels promoting every 128 of K).
   p.a_scale_bulk = !(fp4_decode || fp8_decode) && !p.b_fp4 && promote_k == 128 && a_scale_bulk_wanted() && a_scale_bulk_ok(p);
   // Double accumulators: 128x128 tiles by default; 128x64 ones only when asked for (mixed results, gemm_launch.cuh).
@@ -407,9 +413,10 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     }
   } owned{nullptr, stream};
   // The dense decode kernel may reduce its splits inside a cluster instead (GemmParams::decode_cluster_reduce).
-  p.decode_cluster_reduce = (fp4_decode || fp8_decode) && c.split_k > 1 && c.split_k <= 8 &&
+  p.decode_cluster_reduce = (fp4_decode || fp8_decode) && !fp4_gemv && c.split_k > 1 && c.split_k <= 8 &&
                             env_switch("FINEGEMM_DECODE_CLUSTER_REDUCE", false);
-  if (c.split_k > 1 && !p.decode_cluster_reduce) {
+  // The GEMV always writes partials (the reduce applies the epilogue), even unsplit.
+  if ((c.split_k > 1 || fp4_gemv) && !p.decode_cluster_reduce) {
     const size_t bytes = sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n;
     p.workspace = cached_workspace(device, stream, bytes);
     if (!p.workspace) {
@@ -419,7 +426,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   }
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
-  if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
+  if (fp4_gemv) launch_sm90_fp4_gemv(a, lda, b, ldb, p, gemv, stream);
+  else if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
