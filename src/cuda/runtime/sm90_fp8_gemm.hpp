@@ -65,18 +65,18 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
 void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
                             const Fp4DecodeConfig& c, cudaStream_t stream, const DecodeGroups& groups = {});
 
-// The FP4 GEMV (sm90_fp4_gemv.cuh): dense FP4 weights at M ≤ 64 with mma.sync, no producer warps. fp4_gemv_ok: the
+// The FP4 GEMV (sm90_fp4_gemv.cuh): dense FP4 weights at M ≤ 16 with mma.sync, no producer warps. fp4_gemv_ok: the
 // recipe and alignment it serves (else the decode kernel runs). Its partials always go to p.workspace
 // ([split_k][M][N]); splitk_reduce_kernel applies the epilogue.
 struct Fp4GemvConfig {
-  int mt = 1;              // token tiles of 8 (M ≤ 8 · mt)
+  int mt = 1;              // token tiles of 8 (M ≤ 8 · mt): 1 or 2
   int tiles = 0;           // 16-row weight tiles
   int split_k = 1;         // CTAs along K
   int steps_per_warp = 1;  // 128s of K per warp
 };
 int fp4_gemv_default_max_m();
 bool fp4_gemv_ok(const GemmParams& p, const void* a, int64_t lda, const void* b, int64_t ldb);
-Fp4GemvConfig choose_fp4_gemv_config(int m, int n, int k, int num_sms, int device);
+Fp4GemvConfig choose_fp4_gemv_config(int m, int n, int k, ScaleFmt fmt, int num_sms, int device);
 void launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
                           const Fp4GemvConfig& c, cudaStream_t stream);
 
