@@ -15,8 +15,8 @@ C=FINEGEMM_GEMM_CONFIG
 for s in 128:32768:512 128:24576:1536 64:24576:1536; do
   IFS=: read -r m n k <<<"$s"
   FINEGEMM_PRINT_CONFIG=1 timeout 80 $B/bench/bench_cuda_linear --m-major-scales --m $m --nk $n:$k --variants block-fp32-dynamic \
-    --envs ";$C=64x128:1;$C=64x64:1;$C=128x64:1;$C=128x192:1;$C=192x128:1;$C=128x256:1;$C=128x128:1c2;$C=192x128:1c2a;$C=64x128:2;$C=128x128:2" >$W/cfg_$m_$n.txt 2>$W/cfg_$m_$n.err
-  echo "== M=$m N=$n K=$k rc=$? ($(( $(date +%s) - s0 )) s) $(grep -o -- '-> [0-9x]* [^g]*' $W/cfg_$m_$n.err | head -1)"; show $W/cfg_$m_$n.txt
+    --envs ";$C=64x128:1;$C=64x64:1;$C=128x64:1;$C=128x192:1;$C=192x128:1;$C=128x256:1;$C=128x128:1c2;$C=192x128:1c2a;$C=64x128:2;$C=128x128:2" >$W/cfg_${m}_${n}.txt 2>$W/cfg_${m}_${n}.err
+  echo "== M=$m N=$n K=$k rc=$? ($(( $(date +%s) - s0 )) s) $(grep -o -- '-> [0-9x]* [^g]*' $W/cfg_${m}_${n}.err | head -1)"; show $W/cfg_${m}_${n}.txt
 done
 for nk in 576:7168 1024:7168 1536:7168 2112:7168 576:2048; do
   timeout 60 $B/bench/bench_cuda_linear --m 1,2,4,8 --nk $nk --variants mxfp4-group128 --envs 'FINEGEMM_FP4_GEMV=0;FINEGEMM_FP4_GEMV=1' >$W/gemv_${nk/:/_}.txt 2>&1
