@@ -528,6 +528,9 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            {{"FINEGEMM_DECODE_CLUSTER_REDUCE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_DECODE_CLUSTER_REDUCE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}}}) {
     const ScopedEnv a(first.first, first.second), b(second.first, second.second);
+    // The wgmma decode kernel's switches with the GEMV off (it serves M ≤ 8 at N ≤ 768 by default).
+    const bool gemv_pair = std::string(first.first) == "FINEGEMM_FP4_GEMV";
+    const ScopedEnv decode_kernel("FINEGEMM_FP4_GEMV", gemv_pair ? "" : "0");
     check_exact(target, gpu, name + " (" + first.first + "=" + first.second + " " + second.first + "=" + second.second + ")", w);
   }
   // The cluster split-K with each of the other exits of the producer warps: no preparer, two preparers, and 256 of K
@@ -536,7 +539,8 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
                                            {"FINEGEMM_FP4_DECODE_PREPARERS", "2"},
                                            {"FINEGEMM_FP4_DECODE_STAGE_K", "256"}}) {
     const ScopedEnv cluster("FINEGEMM_DECODE_CLUSTER_REDUCE", "1"), split("FINEGEMM_FP4_DECODE_SPLIT", "3"),
-        also(other.first, other.second);
+        also(other.first, other.second),
+        decode_kernel("FINEGEMM_FP4_GEMV", "0");
     check_exact(target, gpu, name + " (FINEGEMM_DECODE_CLUSTER_REDUCE=1 split 3 " + other.first + "=" + other.second + ")", w);
   }
   // FP4 prefill through expanded weights (fp4_expand_weights.cuh) at every M (FINEGEMM_FP4_EXPAND_M=1, the decode
@@ -607,8 +611,12 @@ TEST_P(Fp4Linear, ExactDecodePathsSmall) {
   const Fp4Matrix w = crafted_matrix(208, 608, [&](int64_t, int64_t b) { return spreads[b]; });
   ASSERT_EQ(keys(spread_histogram(w)), (std::set<int>{0, 3, 8, 12}));
   ASSERT_EQ(w.blocks(), 5);
-  check_exact(target(), gpu(), "decode paths, M = 7", w, {7}, {ScaleKind::UE8M0, ScaleKind::F32Pow2},
-              {ActKind::Static, ActKind::Group32Pow2});
+  // The wgmma decode kernel and the GEMV (the default here: M ≤ 8, N ≤ 768).
+  for (const char* gemv : {"0", "1"}) {
+    const ScopedEnv scope("FINEGEMM_FP4_GEMV", gemv);
+    check_exact(target(), gpu(), std::string("decode paths, M = 7, FINEGEMM_FP4_GEMV=") + gemv, w, {7},
+                {ScaleKind::UE8M0, ScaleKind::F32Pow2}, {ActKind::Static, ActKind::Group32Pow2});
+  }
 }
 
 // The FP4 GEMV (FINEGEMM_FP4_GEMV=1: sm90_fp4_gemv.cuh, M ≤ 16) at both token-tile counts (M = 1, 7, 8: one tile of

@@ -59,9 +59,12 @@ void gemv_launch(dim3 grid, const uint8_t* x, int64_t lda, const uint8_t* w, int
 
 }  // namespace
 
-int fp4_gemv_default_max_m() {
-  // FINEGEMM_FP4_GEMV=1 takes the GEMV up to M = 16, =0 turns it off; otherwise it serves M ≤ this.
-  return 0;
+bool fp4_gemv_default(int m, int n) {
+  // Measured on the H200 against the wgmma decode kernel (stop 30, graph replay, mxfp4-group128, same data): ahead at
+  // N = 576 for M = 1..8 (K = 7168: 7.5 vs 8.5 us at M = 1, 7.4 vs 8.9 at M = 8; K = 2048: 5.0 vs 7.2, 4.6 vs 7.5);
+  // mixed at N = 1024 (10.2 vs 9.3 at M = 1, 9.1 vs 9.5 at M = 8); behind from N = 1536 (N = 7168 K = 16384 M = 1:
+  // 60.9 vs 37.0) and at M = 16. Small N is where its 16-row tiles give the grid CTAs the 64-row decode tiles do not.
+  return m <= 8 && n <= 768;
 }
 
 bool fp4_gemv_ok(const GemmParams& p, const void* a, int64_t lda, const void* b, int64_t ldb) {

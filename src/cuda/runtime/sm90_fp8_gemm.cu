@@ -332,9 +332,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
                                      : DecodeKind::None;
   const bool fp4_decode = decode_kind == DecodeKind::Fp4 && env_switch("FINEGEMM_FP4_DECODE", true);
   // The FP4 GEMV (sm90_fp4_gemv.cuh) where it serves the recipe: FINEGEMM_FP4_GEMV=1 up to M = 16, =0 never; by
-  // default up to fp4_gemv_default_max_m().
+  // default where it measured faster (fp4_gemv_default: M ≤ 8 at N ≤ 768).
   const bool fp4_gemv = fp4_decode && fp4_gemv_ok(p, a, lda, b, ldb) &&
-                        env_switch("FINEGEMM_FP4_GEMV", p.m <= fp4_gemv_default_max_m());
+                        env_switch("FINEGEMM_FP4_GEMV", fp4_gemv_default(p.m, p.n));
   const Fp4GemvConfig gemv = fp4_gemv ? choose_fp4_gemv_config(p.m, p.n, p.k, p.b_scale_fmt, num_sms_of_device(device), device)
                                       : Fp4GemvConfig{};
   // E4M3 weights in the same decode kernel: block scales constant over its 64-row tiles and 128 of K, activation

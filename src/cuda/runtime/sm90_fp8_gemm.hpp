@@ -74,7 +74,7 @@ struct Fp4GemvConfig {
   int split_k = 1;         // CTAs along K
   int steps_per_warp = 1;  // 128s of K per warp
 };
-int fp4_gemv_default_max_m();
+bool fp4_gemv_default(int m, int n);  // where it measured faster than the decode kernel
 bool fp4_gemv_ok(const GemmParams& p, const void* a, int64_t lda, const void* b, int64_t ldb);
 Fp4GemvConfig choose_fp4_gemv_config(int m, int n, int k, ScaleFmt fmt, int num_sms, int device);
 void launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
