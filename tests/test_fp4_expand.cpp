@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/formats.hpp"
 #include "cuda/kernels/fp4_expand.hpp"
@@ -60,6 +61,60 @@ TEST(Fp4Expand, FoldBoundIsTight) {
     inexact += fmt::e4m3_to_float(fmt::e4m3_from_float(want)) != want;
   }
   EXPECT_EQ(inexact, 2);
+}
+
+// The FP4 GEMV's table-free expansion (sm90_fp4_gemv.cuh): every byte value in every byte position, both nibbles,
+// gives E4M3 bytes worth exactly the code's value · 2^-6, and byte n of the result depends on byte n of the input only.
+TEST(Fp4GemvExpand, EveryByteEveryPositionIsTheValueTimes2PowMinus6) {
+  for (int pos = 0; pos < 4; ++pos) {
+    for (uint32_t b = 0; b < 256; ++b) {
+      for (const uint32_t other : {0x00000000u, 0xFFFFFFFFu, 0x5A3C96E1u}) {
+        const uint32_t w = (other & ~(0xFFu << (8 * pos))) | (b << (8 * pos));
+        const uint8_t lo = static_cast<uint8_t>(e2m1_lo_to_e4m3_2m6(w) >> (8 * pos));
+        const uint8_t hi = static_cast<uint8_t>(e2m1_hi_to_e4m3_2m6(w) >> (8 * pos));
+        ASSERT_EQ(fmt::e4m3_to_float(lo), std::ldexp(e2m1(b), -6)) << "byte " << b << " at " << pos;
+        ASSERT_EQ(fmt::e4m3_to_float(hi), std::ldexp(e2m1(b >> 4), -6)) << "byte " << b << " at " << pos;
+      }
+    }
+  }
+}
+
+// The K permutation the GEMV relies on: a lane's eight codes (one word, k0..k7 low nibble first) expand to a0 = the
+// even k, a2 = the odd k; its eight activation bytes x0..x7 permute (prmt 0x6420 / 0x7531) to b0 = the even, b1 = the
+// odd. The mma pairs a0[i] with b0[i] and a2[i] with b1[i]: the same dot product as Σ_k w_k · x_k.
+TEST(Fp4GemvExpand, ActivationPermuteMatchesTheWeightOrder) {
+  uint32_t state = 12345u;
+  auto next = [&]() { return state = state * 1664525u + 1013904223u; };
+  for (int trial = 0; trial < 2000; ++trial) {
+    const uint32_t w = next(), x_lo = next() & 0x7E7E7E7Eu, x_hi = next() & 0x7E7E7E7Eu;  // finite E4M3 bytes
+    const uint32_t a0 = e2m1_lo_to_e4m3_2m6(w), a2 = e2m1_hi_to_e4m3_2m6(w);
+    const uint32_t b0 = byte_perm(x_lo, x_hi, 0x6420u), b1 = byte_perm(x_lo, x_hi, 0x7531u);
+    double want = 0.0, got = 0.0;
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t code = (w >> (4 * k)) & 0xFu;
+      const uint8_t xb = static_cast<uint8_t>((k < 4 ? x_lo : x_hi) >> (8 * (k % 4)));
+      want += static_cast<double>(e2m1(code)) * fmt::e4m3_to_float(xb);
+    }
+    for (int i = 0; i < 4; ++i) {
+      got += static_cast<double>(fmt::e4m3_to_float(static_cast<uint8_t>(a0 >> (8 * i)))) *
+             fmt::e4m3_to_float(static_cast<uint8_t>(b0 >> (8 * i)));
+      got += static_cast<double>(fmt::e4m3_to_float(static_cast<uint8_t>(a2 >> (8 * i)))) *
+             fmt::e4m3_to_float(static_cast<uint8_t>(b1 >> (8 * i)));
+    }
+    ASSERT_EQ(got * 64.0, want) << "trial " << trial;
+  }
+}
+
+// The GEMV's branch-free UE8M0 decode: the bits of fmt::ue8m0_to_float for all 256 exponents (NaN for 255).
+TEST(Fp4GemvExpand, Ue8m0BitsMatchTheFormat) {
+  for (uint32_t e = 0; e < 256; ++e) {
+    const float want = fmt::ue8m0_to_float(static_cast<uint8_t>(e));
+    float got;
+    const uint32_t bits = ue8m0_float_bits(e);
+    std::memcpy(&got, &bits, sizeof got);
+    if (e == 255) EXPECT_TRUE(std::isnan(got));
+    else EXPECT_EQ(got, want) << "e=" << e;
+  }
 }
 
 }  // namespace

@@ -55,4 +55,18 @@ FG_HD uint32_t fp4_fold_table_word(int d, int half) {
   return w;
 }
 
+
+// The FP4 GEMV's table-free expansion (sm90_fp4_gemv.cuh): E2M1 (s e1 e0 m) placed at E4M3 bits 7 and 4..2 is exactly
+// the code's value · 2^-6 (exponent e, mantissa m · 4; e = 0 lands on E4M3's subnormals, m · 2^-7). Of a word of four
+// packed bytes (two codes each, low nibble first): the low nibbles (even K) as four E4M3 bytes, and the high nibbles
+// (odd K). Byte n of the result comes from byte n of w only.
+FG_HD uint32_t e2m1_lo_to_e4m3_2m6(uint32_t w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu); }
+FG_HD uint32_t e2m1_hi_to_e4m3_2m6(uint32_t w) { return (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu); }
+
+// fmt::ue8m0_to_float's bits without branches: 2^(e - 127); e = 0 the subnormal 2^-127, e = 255 NaN.
+FG_HD uint32_t ue8m0_float_bits(uint32_t e) {
+  const uint32_t shifted = e << 23;
+  return (shifted > 0x00400000u ? shifted : 0x00400000u) | (e == 255u ? 0x00400000u : 0u);
+}
+
 }  // namespace finegemm::cuda

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/gemm_params.cuh"
 
 namespace finegemm::cuda {
@@ -39,9 +40,10 @@ inline constexpr int kGemvRowStride = 80;  // bytes per row in the ring: 64 + 16
 inline constexpr int kGemvStages = 4;      // steps in flight per warp
 inline constexpr int kGemvStageBytes = kGemvRows * kGemvRowStride;
 
-// E2M1 codes → E4M3 (value · 2^-6): the low nibbles of w's four bytes (even K) and the high nibbles (odd K).
-__device__ __forceinline__ uint32_t gemv_e2m1_lo(uint32_t w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu); }
-__device__ __forceinline__ uint32_t gemv_e2m1_hi(uint32_t w) { return (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu); }
+// E2M1 codes → E4M3 (value · 2^-6): the low nibbles of w's four bytes (even K) and the high nibbles (odd K)
+// (fp4_expand.hpp, proved on every input by tests/test_fp4_expand.cpp).
+__device__ __forceinline__ uint32_t gemv_e2m1_lo(uint32_t w) { return e2m1_lo_to_e4m3_2m6(w); }
+__device__ __forceinline__ uint32_t gemv_e2m1_hi(uint32_t w) { return e2m1_hi_to_e4m3_2m6(w); }
 
 __device__ __forceinline__ void gemv_cp_async_16(uint32_t smem_dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(src), "r"(src_bytes) : "memory");
@@ -62,10 +64,8 @@ __device__ __forceinline__ void gemv_mma(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-// fmt::ue8m0_to_float without branches: 2^(e - 127); e = 0 the subnormal 2^-127, e = 255 NaN.
-__device__ __forceinline__ float gemv_ue8m0(uint32_t e) {
-  return __uint_as_float(max(e << 23, 0x00400000u) | (e == 255u ? 0x00400000u : 0u));
-}
+// fmt::ue8m0_to_float without branches (ue8m0_float_bits).
+__device__ __forceinline__ float gemv_ue8m0(uint32_t e) { return __uint_as_float(ue8m0_float_bits(e)); }
 
 __device__ __forceinline__ void gemv_cp_async_4(uint32_t smem_dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_dst), "l"(src) : "memory");
