@@ -192,22 +192,24 @@ __global__ void __launch_bounds__(kGemvWarps * 32) sm90_fp4_gemv_kernel(const ui
     issue(i + kGemvStages - 1);  // into the stage read at step i - 1 (every lane is past it: the __syncwarp above)
     const int k0 = (step0 + i) * kGemvStepK;
     const uint8_t* st = ring + (i % kGemvStages) * St::kBytes;
-    float ws_a[4], ws_b[4];
+    float w_scale_a[4], w_scale_b[4];
     {
-      const uint4 ra = *reinterpret_cast<const uint4*>(st + St::kWs + g * 16);
-      const uint4 rb = *reinterpret_cast<const uint4*>(st + St::kWs + (g + 8) * 16);
-      if constexpr (kFmt == ScaleFmt::F32) {
-        ws_a[0] = __uint_as_float(ra.x), ws_a[1] = __uint_as_float(ra.y), ws_a[2] = __uint_as_float(ra.z), ws_a[3] = __uint_as_float(ra.w);
-        ws_b[0] = __uint_as_float(rb.x), ws_b[1] = __uint_as_float(rb.y), ws_b[2] = __uint_as_float(rb.z), ws_b[3] = __uint_as_float(rb.w);
-      } else {
+      // Rows g and g + 8: four floats, or one UE8M0 word (group j in byte j).
+      const uint4 raw_a = *reinterpret_cast<const uint4*>(st + St::kWs + g * 16);
+      const uint4 raw_b = *reinterpret_cast<const uint4*>(st + St::kWs + (g + 8) * 16);
+      const uint32_t words_a[4] = {raw_a.x, raw_a.y, raw_a.z, raw_a.w}, words_b[4] = {raw_b.x, raw_b.y, raw_b.z, raw_b.w};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          ws_a[j] = gemv_ue8m0((ra.x >> (8 * j)) & 0xFFu);
-          ws_b[j] = gemv_ue8m0((rb.x >> (8 * j)) & 0xFFu);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kFmt == ScaleFmt::F32) {
+          w_scale_a[j] = __uint_as_float(words_a[j]);
+          w_scale_b[j] = __uint_as_float(words_b[j]);
+        } else {
+          w_scale_a[j] = gemv_ue8m0((raw_a.x >> (8 * j)) & 0xFFu);
+          w_scale_b[j] = gemv_ue8m0((raw_b.x >> (8 * j)) & 0xFFu);
         }
       }
     }
-    const float* xs = reinterpret_cast<const float*>(st + St::kXs);
+    const float* x_scales = reinterpret_cast<const float*>(st + St::kXs);
     // The step's K blocks of 32: the weight words of rows g and g + 8, expanded (a0..a3), and per token tile the
     // activation fragment and the product. With one activation scale over the step the products sum into
     // `step_acc` by the weight scale and the step's total takes the activation scale once.
@@ -229,34 +231,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32) sm90_fp4_gemv_kernel(const ui
         float d[4];
         gemv_mma(d, a0, a1, a2, a3, b0, b1);
         if (x_step_scale) {
-          step_acc[mt][0] = fmaf(d[0], ws_a[j], step_acc[mt][0]);
-          step_acc[mt][1] = fmaf(d[1], ws_a[j], step_acc[mt][1]);
-          step_acc[mt][2] = fmaf(d[2], ws_b[j], step_acc[mt][2]);
-          step_acc[mt][3] = fmaf(d[3], ws_b[j], step_acc[mt][3]);
+          step_acc[mt][0] = fmaf(d[0], w_scale_a[j], step_acc[mt][0]);
+          step_acc[mt][1] = fmaf(d[1], w_scale_a[j], step_acc[mt][1]);
+          step_acc[mt][2] = fmaf(d[2], w_scale_b[j], step_acc[mt][2]);
+          step_acc[mt][3] = fmaf(d[3], w_scale_b[j], step_acc[mt][3]);
         } else {
           // Activation groups of 32 or 64: the scales of this block of 32, tokens 2t and 2t + 1.
-          const float2 sx = *reinterpret_cast<const float2*>(xs + j * 8 * MT + mt * 8 + 2 * t);
-          const float xs0 = 64.0f * sx.x, xs1 = 64.0f * sx.y;
-          total[mt][0] = fmaf(d[0], ws_a[j] * xs0, total[mt][0]);
-          total[mt][1] = fmaf(d[1], ws_a[j] * xs1, total[mt][1]);
-          total[mt][2] = fmaf(d[2], ws_b[j] * xs0, total[mt][2]);
-          total[mt][3] = fmaf(d[3], ws_b[j] * xs1, total[mt][3]);
+          const float2 x_pair = *reinterpret_cast<const float2*>(x_scales + j * 8 * MT + mt * 8 + 2 * t);
+          const float x_scale0 = 64.0f * x_pair.x, x_scale1 = 64.0f * x_pair.y;
+          total[mt][0] = fmaf(d[0], w_scale_a[j] * x_scale0, total[mt][0]);
+          total[mt][1] = fmaf(d[1], w_scale_a[j] * x_scale1, total[mt][1]);
+          total[mt][2] = fmaf(d[2], w_scale_b[j] * x_scale0, total[mt][2]);
+          total[mt][3] = fmaf(d[3], w_scale_b[j] * x_scale1, total[mt][3]);
         }
       }
     }
     if (x_step_scale) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        float xs0 = 64.0f, xs1 = 64.0f;  // 2^6: the expansion's scale
+        float x_scale0 = 64.0f, x_scale1 = 64.0f;  // 2^6: the expansion's scale
         if (p.a_scale) {
-          const float2 sx = *reinterpret_cast<const float2*>(xs + mt * 8 + 2 * t);
-          xs0 *= sx.x;
-          xs1 *= sx.y;
+          const float2 x_pair = *reinterpret_cast<const float2*>(x_scales + mt * 8 + 2 * t);
+          x_scale0 *= x_pair.x;
+          x_scale1 *= x_pair.y;
         }
-        total[mt][0] = fmaf(step_acc[mt][0], xs0, total[mt][0]);
-        total[mt][1] = fmaf(step_acc[mt][1], xs1, total[mt][1]);
-        total[mt][2] = fmaf(step_acc[mt][2], xs0, total[mt][2]);
-        total[mt][3] = fmaf(step_acc[mt][3], xs1, total[mt][3]);
+        total[mt][0] = fmaf(step_acc[mt][0], x_scale0, total[mt][0]);
+        total[mt][1] = fmaf(step_acc[mt][1], x_scale1, total[mt][1]);
+        total[mt][2] = fmaf(step_acc[mt][2], x_scale0, total[mt][2]);
+        total[mt][3] = fmaf(step_acc[mt][3], x_scale1, total[mt][3]);
       }
     }
   }
