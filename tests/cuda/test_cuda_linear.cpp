@@ -531,6 +531,23 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
                           {recipes[0], recipes[1], recipes[7], recipes[9]}, 8192);
 }
 
+// One stage release per consumer thread (FINEGEMM_GEMM_THREAD_RELEASE=1, off by default) instead of one per warp after
+// __syncwarp: the same arithmetic, so the same bits. Every kernel shape that releases stages: 192x128 alone, in pairs
+// sharing B and A and in 2x2 blocks (the peers' arrivals stay one per warp), 128x128 with two accumulator sets and with
+// one (pingpong), 128x64, 64x128, split-K, the idle-warpgroup loop (M = 300: 192-row tiles leave warpgroups without
+// rows), early release with it; K = 2048 wraps the ring; checked against the reference once per recipe.
+TEST_F(CudaTest, ThreadReleaseSameBits) {
+  const auto recipes = all_recipes();
+  expect_switch_same_bits("FINEGEMM_GEMM_THREAD_RELEASE",
+                          {{"", "1"}, {"192x128:1", "1"}, {"192x128:1c2", "1"}, {"192x128:1c2a", "1"}, {"192x128:1c4", "1"},
+                           {"128x128:1", "1"}, {"128x128:1", "0"}, {"128x128:1c2", "1"}, {"128x64:1", "1"}, {"64x128:1", "1"},
+                           {"128x128:3", "1"}},
+                          {recipes[0], recipes[1], recipes[7], recipes[9]}, 2048);
+  const ScopedEnv early("FINEGEMM_GEMM_EARLY_RELEASE", "1");
+  expect_switch_same_bits("FINEGEMM_GEMM_THREAD_RELEASE", {{"", "1"}, {"128x128:1", "1"}},
+                          {recipes[0], recipes[1]}, 2048);
+}
+
 // The K loop compiled for tiles with one B scale, and for 192-wide tiles' two-scale patterns (FINEGEMM_GEMM_HOIST_SPLIT,
 // on by default; compared with =0): no K block tests the promotion variant. Same arithmetic, so the same bits: 128x128
 // with two accumulator sets and with one, 192x128 alone and in pairs, 128x64, 128x192 alone and in pairs (splits at

@@ -280,7 +280,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kNumStages; ++s) {
       ptx::mbar_init(&full[s], kPromote ? 1 + 32 : 1);
-      ptx::mbar_init(&empty[s], kNumConsumers * 4 * kStageWriters);  // with a cluster, every reader CTA releases
+      // With a cluster, every reader CTA releases: each peer by one arrival per consumer warp; this CTA's own consumers
+      // by one per warp, or with p.thread_release one per thread.
+      ptx::mbar_init(&empty[s], kNumConsumers * (p.thread_release ? 128 : 4) + kNumConsumers * 4 * (kStageWriters - 1));
       if constexpr (kFp4B) ptx::mbar_init(&raw_full[s], 1);
     }
     ptx::fence_barrier_init();
@@ -305,10 +307,19 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     return info;
   };
   // A consumer warp releases a stage in its own CTA and, with a cluster, in the peer (whose B half it also holds).
+  // Called by every lane of a consumer warp once the warp is done with the stage's shared memory.
+  // p.thread_release: every thread arrives on its own CTA's barrier (its reads precede its own arrival, which racecheck
+  // follows; one lane's arrival after __syncwarp is the same order by bar.warp.sync, which racecheck does not
+  // follow: stop 27), and lane 0 alone arrives on the peers'.
+  const bool thread_release = p.thread_release;
   auto release = [&](int stage) {
-    ptx::mbar_arrive(&empty[stage]);
-    if constexpr (kCluster > 1) ptx::mbar_arrive_cluster(&empty[stage], cta_rank ^ 1u);
-    if constexpr (kCluster == 4) ptx::mbar_arrive_cluster(&empty[stage], cta_rank ^ 2u);
+    if (thread_release) ptx::mbar_arrive(&empty[stage]);
+    __syncwarp();
+    if (lane == 0) {
+      if (!thread_release) ptx::mbar_arrive(&empty[stage]);
+      if constexpr (kCluster > 1) ptx::mbar_arrive_cluster(&empty[stage], cta_rank ^ 1u);
+      if constexpr (kCluster == 4) ptx::mbar_arrive_cluster(&empty[stage], cta_rank ^ 2u);
+    }
   };
 
   // Broadcast from lane 0: the grouped scheduler reads its tables from shared memory, and ptxas treats such loads as
@@ -737,8 +748,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       if (released) {
         // The scales must have arrived in registers before the stage goes back (the asm takes them as inputs).
         asm volatile("" ::"f"(lo0), "f"(lo1), "f"(hi0), "f"(hi1));
-        __syncwarp();
-        if (lane == 0) release(st);
+        release(st);
       }
       if (b_split == kSplitNone) {
         promote_split<kSplitNone, WGMMA_N>(total, a, lo0, lo1, lo0, lo1, ch);
@@ -788,8 +798,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       if (kNumConsumers > 1 && !ordered && p.skip_idle && tile.m_row0 + warpgroup * 64 >= tile.m_end) {
         for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
           ptx::mbar_wait_shared(full_addr + stage * 8, phase);
-          __syncwarp();
-          if (lane == 0) release(stage);
+          release(stage);
         }
         continue;
       }
@@ -849,8 +858,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // issued after it may still run. Then release the stage.
             auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
               if (promote_slice(a, st, 0, 0, split, pending, p.early_release)) return;
-              __syncwarp();
-              if (lane == 0) release(st);
+              release(st);
             };
             // K blocks in runs of eight (p.double_acc_run == 8) and four, alternating the sets: every block's wgmma
             // but the run's last is issued before the previous block is promoted. Then single blocks, promoted after
@@ -929,8 +937,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             }
             // Release the stage to the producer: one arrive per warp (unless the promotion did already).
             if (!released) {
-              __syncwarp();
-              if (lane == 0) release(stage);
+              release(stage);
             }
           }
         }
@@ -970,16 +977,14 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           ptx::wgmma_wait<1>();
           ptx::fence_operands(acc);
           if (prev_stage >= 0) {
-            __syncwarp();
-            if (lane == 0) release(prev_stage);
+            release(prev_stage);
           }
           prev_stage = stage;
         }
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc);
         if (prev_stage >= 0) {
-          __syncwarp();
-          if (lane == 0) release(prev_stage);
+          release(prev_stage);
         }
       }
 
