@@ -167,6 +167,16 @@ GemmConfig choose_gemm_config(int m, int n, int k, int promote_k, int num_sms) {
         }
       }
     }
+    // Several waves of 64x64 tiles without split-K where 64x128 tiles take fewer waves: the wider tiles. The byte count
+    // above favours the 64-wide tiles' balance, but each tile costs its own fill and epilogue. Measured on the H200
+    // (graph replay, stop 31): M = 64 N = 24576 K = 1536 (three waves of 64x64 against two of 64x128) 17.05 vs
+    // 16.14 us, M = 48 16.43 vs 15.90, M = 40 N = 24576 K = 2048 19.80 vs 19.57; where the pick was already 64x128
+    // (N = 32768 K = 512, N = 16384 K = 1536) both measured the same.
+    if (c.block_n == 64 && c.split_k == 1) {
+      const int64_t waves64 = ceil_div(static_cast<int64_t>(ceil_div(n, 64)), num_sms);
+      const int64_t waves128 = ceil_div(static_cast<int64_t>(ceil_div(n, 128)), num_sms);
+      if (waves64 > 1 && waves128 < waves64) c.block_n = 128;
+    }
   } else {
     // Prefill: cost = waves × tile area / efficiency of the tile shape.
     // NOTE: measured on the H200, block 128x128 dynamic, M = 4096 (bench/results/configs_2026-12-01_4d33aed.json):
