@@ -556,41 +556,6 @@ TEST_F(CudaTest, ThreadReleaseSameBits) {
                           {recipes[0], recipes[1]}, 2048);
 }
 
-// The deferred epilogue (FINEGEMM_GEMM_DEFER_EPILOGUE=1, off by default): in the kernels with two accumulator sets
-// (128x128, and 128x64 with FINEGEMM_GEMM_DOUBLE_ACC=1) a tile's epilogue runs after the CTA's next tile has issued its
-// first wgmma group; elsewhere the switch changes nothing. Same arithmetic and stores, so the same bits. M = 1500,
-// N = 4096 gives CTAs two or three tiles in every config (so that epilogues are deferred across tiles, not only run
-// at the end); K = 640 (five K blocks) wraps the ring. Every recipe at the default config (FP4 and 32-wide promotion
-// included; per-channel and per-tensor recipes at this K run without promotion), then three 128-wide promoting recipes
-// (the 64-row B block one takes the general loop: no deferral) in every tile shape: 128x128 with two accumulator sets
-// and with one, 128x64 with two and split-K (partials), 192x128 alone, in pairs sharing B and A and in 2x2 blocks,
-// 128x256, 128x192, 64x128. The default config's bits are checked against the CPU reference for two recipes.
-TEST_F(CudaTest, DeferredEpilogueSameBits) {
-  const auto recipes = all_recipes();
-  const int64_t m = 1500, n = 4096, k = 640;
-  for (size_t r = 0; r < recipes.size(); ++r) {
-    LinearCase c = make_case(recipes[r], m, n, k, DType::BF16, DType::BF16, r % 2 == 1);
-    const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_DEFER_EPILOGUE", c.args);
-    EXPECT_TRUE(runs.same_bits()) << recipes[r].name;
-    if (r != 0 && r != 13) continue;
-    const Buffer ref = run_reference(c.args, DType::BF16, m, n);
-    const auto cmp = testing::compare(runs.on, ref);
-    EXPECT_EQ(cmp.non_finite, 0) << recipes[r].name;
-    EXPECT_LE(cmp.rel, 3e-3) << recipes[r].name;
-  }
-  const std::pair<const char*, const char*> configs[] = {
-      {"128x128:1", "1"}, {"128x128:1", "0"}, {"192x128:1", "1"}, {"192x128:1c2", "1"}, {"192x128:1c2a", "1"},
-      {"192x128:1c4", "1"}, {"128x256:1", "1"}, {"128x192:1", "1"}, {"128x64:3", "1"}, {"128x64:1", "1"}, {"64x128:1", "1"}};
-  for (const auto& [config, double_acc] : configs) {
-    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config), acc("FINEGEMM_GEMM_DOUBLE_ACC", double_acc);
-    for (const auto& recipe : {recipes[0], recipes[2], recipes[7]}) {
-      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::F32, false);
-      const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_DEFER_EPILOGUE", c.args);
-      EXPECT_TRUE(runs.same_bits()) << config << " double_acc=" << double_acc << " " << recipe.name;
-    }
-  }
-}
-
 // The K loop compiled for tiles with one B scale, and for 192-wide tiles' two-scale patterns (FINEGEMM_GEMM_HOIST_SPLIT,
 // on by default; compared with =0): no K block tests the promotion variant. Same arithmetic, so the same bits: 128x128
 // with two accumulator sets and with one, 192x128 alone and in pairs, 128x64, 128x192 alone and in pairs (splits at

@@ -166,14 +166,6 @@ TEST_F(CudaMoe, GateUpFusedAndUnfusedEveryRecipe) { every_recipe_on_grouped_path
 // consumer warpgroups (the default from 48 rows per expert for E4M3 experts with 128-wide promotion or none; FP4 and
 // 32-wide recipes fall back to 128). T = 77 (~38 rows per expert: one 192-row tile with two idle warpgroups) and 300
 // (~150: the third warpgroup partly filled).
-// The deferred epilogue (FINEGEMM_GEMM_DEFER_EPILOGUE=1) on the grouped path, with the gate_up unfused (the default)
-// and fused (its activation-requantizing epilogue deferred too).
-TEST_F(CudaMoe, DeferredEpilogueEveryRecipe) {
-  every_recipe_on_grouped_path("FINEGEMM_GEMM_DEFER_EPILOGUE", {"1"});
-  const testing::ScopedEnv fused("FINEGEMM_MOE_UNFUSED", "0");
-  every_recipe_on_grouped_path("FINEGEMM_GEMM_DEFER_EPILOGUE", {"1"});
-}
-
 TEST_F(CudaMoe, GroupedTileHeightsEveryRecipe) {
   every_recipe_on_grouped_path("FINEGEMM_GROUPED_BLOCK_M", {"64", "128", "192"});
 }
@@ -310,7 +302,7 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
     // unfused gate_up).
     const std::pair<const char*, const char*> switches[] = {
         {"FINEGEMM_GEMM_LEAN_EPILOGUE", "0"}, {"FINEGEMM_GEMM_SKIP_IDLE", "0"}, {"FINEGEMM_GEMM_WIDE_STORES", "1"},
-        {"FINEGEMM_GEMM_THREAD_RELEASE", "1"}, {"FINEGEMM_GEMM_DEFER_EPILOGUE", "1"}};
+        {"FINEGEMM_GEMM_THREAD_RELEASE", "1"}};
     for (const auto& [env, value] : switches) {
       setenv(env, value, 1);
       HostTensor off;

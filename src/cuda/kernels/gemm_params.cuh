@@ -53,12 +53,6 @@ struct GemmParams {
   // 31248 hazards reported with one per warp). Peers of a cluster still get one arrival per warp.
   // FINEGEMM_GEMM_THREAD_RELEASE=1; off until measured on the H200.
   bool thread_release = false;
-  // The epilogue of a CTA's tile runs after the first wgmma group of its next tile has been issued, so that the tensor
-  // cores run that group while the warpgroup stores (kernels with two accumulator sets, one B scale per tile;
-  // sm90_fp8_gemm.cuh, flush_epilogue). Stop 30's numbers put ~1 us of epilogue and tile change between tiles, ~10% of
-  // a 12-K-block tile's time.
-  // FINEGEMM_GEMM_DEFER_EPILOGUE=1; off until measured on the H200.
-  bool defer_epilogue = false;
   // The TMA thread also requests B's tile `l2_prefetch` K blocks ahead of the one it loads into L2
   // (cp.async.bulk.prefetch.tensor; across tile ends in the scheduler's order), so that the ring's loads find the
   // weights in L2 where they would wait for DRAM: a one-wave GEMM (M = 512) runs ~535 ns per K block with ~4 stages in

@@ -786,18 +786,210 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       issued_before = true;
     };
 
-    // The epilogue of tile t from `result`. NOTE: a lambda over a reference to the register array keeps it in
-    // registers (a pointer would spill it).
-    // NOTE: always inlined, as every lambda here: an outlined copy (flush_epilogue's, called from several places) held
-    // `total` in local memory and made ptxas serialize the kernel's wgmma (C7510).
-    auto epilogue_of = [&](int t, float(&result)[kNumTotal]) __attribute__((always_inline)) {
+    for (int t = tile_begin; t < num_tiles; t += tile_step) {
       const TileInfo tile = uniform_tile(tile_at(t));
       const int row0 = tile.m_row0 + row_in_tile;
       const int row1 = row0 + 8;
+      // A warpgroup whose 64 rows all lie past the tile's end (an expert's last rows, M's last tile) only waits for
+      // and releases the tile's stages: no wgmma, promotion or epilogue, so that the tensor cores run the other
+      // warpgroups' groups alone. Not with pingpong ordering (its barriers pair the warpgroups' issues).
+      // NOTE: a separate loop without wgmma; predicating the wgmma inside the mainloop made the 128x256 gate_up
+      // kernel spill 4956 bytes.
+      if (kNumConsumers > 1 && !ordered && p.skip_idle && tile.m_row0 + warpgroup * 64 >= tile.m_end) {
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
+          ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+          release(stage);
+        }
+        continue;
+      }
+      // Rows past M read a valid row's scale; their results are never stored.
       const int scale_row0 = min(row0, p.m - 1), scale_row1 = min(row1, p.m - 1);
+      // The B scales' pattern over the tile's 8-column chunks (block-scaled B: the scale changes at most once):
+      // kSplitNone (one value), 8 or 16 (the chunk where it changes), or -1 (per chunk, read from shared memory).
+      int b_split = -1;
+      // NOTE: 128-wide promotion of E4M3 B only: with four 32-wide slices the extra paths made 128x192 spill.
+      if constexpr (kPromoteK == 128 && !kFp4B) {
+        if (!p.b_scale || b_uniform) {
+          b_split = kSplitNone;
+        } else if (b_chunk_uniform) {
+          auto block_of = [&](int i) { return min(tile_b_row<BLOCK_N>(p, tile.n_block, i), p.n - 1) / p.b_block_n; };
+          const int first = block_of(0);
+          int change = kSplitNone, last = first;
+          bool two_runs = true;
+          for (int c = 1; c < BLOCK_N / 8; ++c) {
+            const int b = block_of(c * 8);
+            if (b == last) continue;
+            two_runs = two_runs && change == kSplitNone;
+            change = change == kSplitNone ? c : change;
+            last = b;
+          }
+          if (two_runs && (change == kSplitNone || change == 8 || change == 16)) b_split = change;
+        }
+      }
+      // Epilogue row scales, loaded early: their latency hides behind the mainloop.
       const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? tile.group * p.row_scale_group_stride : 0);
       const float rs0 = load_vec(p.row_mode, row_scale, scale_row0);
       const float rs1 = load_vec(p.row_mode, row_scale, scale_row1);
+
+      // The promoted K loop, over the tile's K blocks. split_tag: the B scale pattern b_split as a compile-time
+      // constant (kSplitNone: one B scale per tile), or kSplitRuntime for the value computed above. With
+      // GemmParams::hoist_split a one-scale tile takes the constant loop, so that no K block tests b_split (stop 26:
+      // three dependent branches per K block chose the promotion variant).
+      auto promoted_k_loop = [&](auto split_tag) {
+        constexpr int kTagSplit = decltype(split_tag)::value;
+        const int split = kTagSplit == kSplitRuntime ? b_split : kTagSplit;
+#pragma unroll
+        for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
+        if constexpr (kDoubleAcc) {
+          if (double_acc) {
+            // The four k32 steps of the stage's K block into accumulator set `a`, as one committed group.
+            auto issue = [&](float(&a)[kNumAcc], int st) {
+              const uint32_t desc_a = desc_a0 + st * (Smem::kStageA >> 4);
+              const uint32_t desc_b = desc_b0 + st * (Smem::kStageB >> 4);
+              ptx::fence_operands(a);
+              ptx::wgmma_fence();
+#pragma unroll
+              for (int s = 0; s < kGemmBlockK / 32; ++s)
+                Mma::mma(ptx::desc_from_words(desc_a + (s * 32 >> 4), kDescHi),
+                         ptx::desc_from_words(desc_b + (s * 32 >> 4), kDescHi), a, s > 0);
+              ptx::wgmma_commit();
+            };
+            // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
+            // issued after it may still run. Then release the stage.
+            auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
+              if (promote_slice(a, st, 0, 0, split, pending, p.early_release)) return;
+              release(st);
+            };
+            // K blocks in runs of eight (p.double_acc_run == 8) and four, alternating the sets: every block's wgmma
+            // but the run's last is issued before the previous block is promoted. Then single blocks, promoted after
+            // their own wgmma.
+            // NOTE: no wgmma group may stay pending across a loop's back edge, nor behind a branch: ptxas (CUDA 13.0)
+            // then serializes every wgmma of the kernel (C7514: a running set stayed pending into the next
+            // iteration, or its issue was conditional).
+            auto wait_issue = [&](float(&a)[kNumAcc]) {
+              ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+              const int st = stage;
+              issue(a, st);
+              advance();
+              return st;
+            };
+            int kb = tile.kb_begin;
+            // Runs of R K blocks (R even, the inner loop fully unrolled: straight-line code for ptxas).
+            auto runs = [&](auto r) {
+              constexpr int R = decltype(r)::value;
+              for (; kb + R - 1 < tile.kb_end; kb += R) {
+                int s_even = wait_issue(acc), s_odd = 0;
+#pragma unroll
+                for (int j = 0; j < R / 2 - 1; ++j) {
+                  s_odd = wait_issue(acc2);
+                  finish(acc, s_even, true);
+                  s_even = wait_issue(acc);
+                  finish(acc2, s_odd, true);
+                }
+                s_odd = wait_issue(acc2);
+                finish(acc, s_even, true);
+                finish(acc2, s_odd, false);
+              }
+            };
+            if (p.double_acc_run == 8) runs(std::integral_constant<int, 8>{});
+            runs(std::integral_constant<int, 4>{});
+            for (; kb < tile.kb_end; ++kb) finish(acc, wait_issue(acc), false);
+          }
+        }
+        if (!double_acc) {
+          for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
+            // Wait for the stage's TMA loads and scales.
+            ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+            const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
+            const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
+            bool released = false;
+            // kSlices promotion slices of this K block, each of 4 / kSlices wgmma k32 steps.
+            auto mma_promote = [&](auto slices) {
+              constexpr int kSlices = decltype(slices)::value;
+              constexpr int kSteps = kGemmBlockK / 32 / kSlices;
+#pragma unroll
+              for (int sub = 0; sub < kSlices; ++sub) {
+#pragma unroll
+                for (int ch = 0; ch < kNChunks; ++ch) {
+                  order_before_issue();
+                  ptx::fence_operands(acc);
+                  ptx::wgmma_fence();
+#pragma unroll
+                  for (int s = 0; s < kSteps; ++s) {
+                    const uint32_t chunk = static_cast<uint32_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
+                    const uint32_t k_off = static_cast<uint32_t>((sub * kSteps * 32 + s * 32) >> 4);
+                    Mma::mma(ptx::desc_from_words(desc_a + k_off, kDescHi),
+                             ptx::desc_from_words(desc_b + chunk + k_off, kDescHi), acc, s > 0);
+                  }
+                  ptx::wgmma_commit();
+                  order_after_issue();
+                  // Early release only where this group is the stage's last (one slice, one chunk).
+                  released = promote_slice(acc, stage, sub, ch, split, false,
+                                           kSlices == 1 && kNChunks == 1 && p.early_release);
+                }
+              }
+            };
+            if constexpr (kFold) {
+              if (fold_flags[stage]) mma_promote(std::integral_constant<int, 1>{});
+              else mma_promote(std::integral_constant<int, 4>{});
+            } else {
+              mma_promote(std::integral_constant<int, kSubs>{});
+            }
+            // Release the stage to the producer: one arrive per warp (unless the promotion did already).
+            if (!released) {
+              release(stage);
+            }
+          }
+        }
+      };
+      if constexpr (kPromote) {
+        if constexpr (kPromoteK == 128 && !kFp4B) {
+          // 192-wide tiles with 128-column B blocks always hold two B scales, changing at chunk 16 (even column
+          // blocks) or 8 (odd ones): those get their own loops too. Only there: each loop is ~2K instructions.
+          if (p.hoist_split && b_split == kSplitNone) {
+            promoted_k_loop(std::integral_constant<int, kSplitNone>{});
+          } else if constexpr (BLOCK_N == 192) {
+            if (p.hoist_split && b_split == 16) promoted_k_loop(std::integral_constant<int, 16>{});
+            else if (p.hoist_split && b_split == 8) promoted_k_loop(std::integral_constant<int, 8>{});
+            else promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
+          } else {
+            promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
+          }
+        } else {
+          promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
+        }
+      } else if constexpr (!kPromote) {
+        // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.
+        int prev_stage = -1;
+#pragma unroll
+        for (int i = 0; i < kNumAcc; ++i) acc[i] = 0.0f;
+        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
+          ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+          const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
+          const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
+          ptx::fence_operands(acc);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int s = 0; s < kGemmBlockK / 32; ++s)
+            Mma::mma(ptx::desc_from_words(desc_a + (s * 32 >> 4), kDescHi), ptx::desc_from_words(desc_b + (s * 32 >> 4), kDescHi),
+                     acc, true);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<1>();
+          ptx::fence_operands(acc);
+          if (prev_stage >= 0) {
+            release(prev_stage);
+          }
+          prev_stage = stage;
+        }
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc);
+        if (prev_stage >= 0) {
+          release(prev_stage);
+        }
+      }
+
+      // Epilogue. NOTE: a lambda over a reference to the register array keeps it in registers (a pointer would
+      // spill it).
       const float* col_scale = p.col_scale ? p.col_scale + tile.group * p.col_group_stride : nullptr;
       const int64_t bias_base = tile.group * p.bias_group_stride;
       // Column i of the tile before the activation: scales and bias applied.
@@ -1010,259 +1202,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           }
         }
       };
-      epilogue(result);
-    };
-    // Deferred epilogue (GemmParams::defer_epilogue): tile t's epilogue runs after the first wgmma group of the CTA's
-    // next tile has been issued, so that the tensor cores run that group (and the other warpgroups') while this
-    // warpgroup stores; `total` holds tile t's result until then and is zeroed after. deferred_t: the tile whose
-    // epilogue is pending (-1: none). Only in the kernels with two accumulator sets (128x128 / 128x64, 224 registers)
-    // and where every tile takes their one-B-scale loop (one B scale per tile, hoist_split, runs of four), so that the
-    // epilogue is compiled into that loop alone. NOTE: compiled into every promoted loop, it made the 192x128 kernels
-    // (152 registers) spill and doubled the kernels' code.
-    const bool defer_epilogue = kDoubleAcc && double_acc && p.defer_epilogue && p.hoist_split && p.double_acc_run != 8 &&
-                                (!p.b_scale || b_uniform);
-    int deferred_t = -1;
-    auto flush_epilogue = [&]() __attribute__((always_inline)) {
       if constexpr (kPromote) {
-        if (deferred_t >= 0) {
-          epilogue_of(deferred_t, total);
-#pragma unroll
-          for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
-          deferred_t = -1;
-        }
-      }
-    };
-    // One tile's K loop; false where this warpgroup has no rows in it (no epilogue).
-    auto tile_body = [&](int t) __attribute__((always_inline)) {
-      const TileInfo tile = uniform_tile(tile_at(t));
-      const int row0 = tile.m_row0 + row_in_tile;
-      const int row1 = row0 + 8;
-      // A warpgroup whose 64 rows all lie past the tile's end (an expert's last rows, M's last tile) only waits for
-      // and releases the tile's stages: no wgmma, promotion or epilogue, so that the tensor cores run the other
-      // warpgroups' groups alone. Not with pingpong ordering (its barriers pair the warpgroups' issues).
-      // NOTE: a separate loop without wgmma; predicating the wgmma inside the mainloop made the 128x256 gate_up
-      // kernel spill 4956 bytes.
-      if (kNumConsumers > 1 && !ordered && p.skip_idle && tile.m_row0 + warpgroup * 64 >= tile.m_end) {
-        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
-          ptx::mbar_wait_shared(full_addr + stage * 8, phase);
-          release(stage);
-        }
-        return false;
-      }
-      // Rows past M read a valid row's scale; their results are never stored.
-      const int scale_row0 = min(row0, p.m - 1), scale_row1 = min(row1, p.m - 1);
-      // The B scales' pattern over the tile's 8-column chunks (block-scaled B: the scale changes at most once):
-      // kSplitNone (one value), 8 or 16 (the chunk where it changes), or -1 (per chunk, read from shared memory).
-      int b_split = -1;
-      // NOTE: 128-wide promotion of E4M3 B only: with four 32-wide slices the extra paths made 128x192 spill.
-      if constexpr (kPromoteK == 128 && !kFp4B) {
-        if (!p.b_scale || b_uniform) {
-          b_split = kSplitNone;
-        } else if (b_chunk_uniform) {
-          auto block_of = [&](int i) { return min(tile_b_row<BLOCK_N>(p, tile.n_block, i), p.n - 1) / p.b_block_n; };
-          const int first = block_of(0);
-          int change = kSplitNone, last = first;
-          bool two_runs = true;
-          for (int c = 1; c < BLOCK_N / 8; ++c) {
-            const int b = block_of(c * 8);
-            if (b == last) continue;
-            two_runs = two_runs && change == kSplitNone;
-            change = change == kSplitNone ? c : change;
-            last = b;
-          }
-          if (two_runs && (change == kSplitNone || change == 8 || change == 16)) b_split = change;
-        }
-      }
-      // Epilogue row scales, loaded early: their latency hides behind the mainloop.
-      const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? tile.group * p.row_scale_group_stride : 0);
-      const float rs0 = load_vec(p.row_mode, row_scale, scale_row0);
-      const float rs1 = load_vec(p.row_mode, row_scale, scale_row1);
-
-      // The promoted K loop, over the tile's K blocks. split_tag: the B scale pattern b_split as a compile-time
-      // constant (kSplitNone: one B scale per tile), or kSplitRuntime for the value computed above. With
-      // GemmParams::hoist_split a one-scale tile takes the constant loop, so that no K block tests b_split (stop 26:
-      // three dependent branches per K block chose the promotion variant).
-      auto promoted_k_loop = [&](auto split_tag) {
-        constexpr int kTagSplit = decltype(split_tag)::value;
-        const int split = kTagSplit == kSplitRuntime ? b_split : kTagSplit;
-        if (deferred_t < 0) {  // else the previous tile's result, zeroed once its epilogue has run (flush_epilogue)
-#pragma unroll
-          for (int i = 0; i < kNumTotal; ++i) total[i] = 0.0f;
-        }
-        if constexpr (kDoubleAcc) {
-          if (double_acc) {
-            // The four k32 steps of the stage's K block into accumulator set `a`, as one committed group.
-            auto issue = [&](float(&a)[kNumAcc], int st) {
-              const uint32_t desc_a = desc_a0 + st * (Smem::kStageA >> 4);
-              const uint32_t desc_b = desc_b0 + st * (Smem::kStageB >> 4);
-              ptx::fence_operands(a);
-              ptx::wgmma_fence();
-#pragma unroll
-              for (int s = 0; s < kGemmBlockK / 32; ++s)
-                Mma::mma(ptx::desc_from_words(desc_a + (s * 32 >> 4), kDescHi),
-                         ptx::desc_from_words(desc_b + (s * 32 >> 4), kDescHi), a, s > 0);
-              ptx::wgmma_commit();
-            };
-            // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
-            // issued after it may still run. Then release the stage.
-            auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
-              if (promote_slice(a, st, 0, 0, split, pending, p.early_release)) return;
-              release(st);
-            };
-            // K blocks in runs of eight (p.double_acc_run == 8) and four, alternating the sets: every block's wgmma
-            // but the run's last is issued before the previous block is promoted. Then single blocks, promoted after
-            // their own wgmma.
-            // NOTE: no wgmma group may stay pending across a loop's back edge, nor behind a branch: ptxas (CUDA 13.0)
-            // then serializes every wgmma of the kernel (C7514: a running set stayed pending into the next
-            // iteration, or its issue was conditional).
-            auto wait_issue = [&](float(&a)[kNumAcc]) {
-              ptx::mbar_wait_shared(full_addr + stage * 8, phase);
-              const int st = stage;
-              issue(a, st);
-              advance();
-              return st;
-            };
-            int kb = tile.kb_begin;
-            if constexpr (kTagSplit == kSplitNone) {
-              // The deferred epilogue behind the tile's first K block, a group issued and completed in this branch
-              // (a group pending past it would serialize the kernel's wgmma).
-              if (deferred_t >= 0 && kb < tile.kb_end) {
-                const int st = wait_issue(acc);
-                flush_epilogue();
-                finish(acc, st, false);
-                ++kb;
-              }
-            }
-            // Runs of R K blocks (R even, the inner loop fully unrolled: straight-line code for ptxas).
-            auto runs = [&](auto r) {
-              constexpr int R = decltype(r)::value;
-              for (; kb + R - 1 < tile.kb_end; kb += R) {
-                int s_even = wait_issue(acc), s_odd = 0;
-#pragma unroll
-                for (int j = 0; j < R / 2 - 1; ++j) {
-                  s_odd = wait_issue(acc2);
-                  finish(acc, s_even, true);
-                  s_even = wait_issue(acc);
-                  finish(acc2, s_odd, true);
-                }
-                s_odd = wait_issue(acc2);
-                finish(acc, s_even, true);
-                finish(acc2, s_odd, false);
-              }
-            };
-            if (p.double_acc_run == 8) runs(std::integral_constant<int, 8>{});
-            runs(std::integral_constant<int, 4>{});
-            for (; kb < tile.kb_end; ++kb) finish(acc, wait_issue(acc), false);
-          }
-        }
-        if (!double_acc) {
-          for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
-            // Wait for the stage's TMA loads and scales.
-            ptx::mbar_wait_shared(full_addr + stage * 8, phase);
-            const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
-            const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
-            bool released = false;
-            // kSlices promotion slices of this K block, each of 4 / kSlices wgmma k32 steps.
-            auto mma_promote = [&](auto slices) {
-              constexpr int kSlices = decltype(slices)::value;
-              constexpr int kSteps = kGemmBlockK / 32 / kSlices;
-#pragma unroll
-              for (int sub = 0; sub < kSlices; ++sub) {
-#pragma unroll
-                for (int ch = 0; ch < kNChunks; ++ch) {
-                  order_before_issue();
-                  ptx::fence_operands(acc);
-                  ptx::wgmma_fence();
-#pragma unroll
-                  for (int s = 0; s < kSteps; ++s) {
-                    const uint32_t chunk = static_cast<uint32_t>((ch * WGMMA_N * kGemmBlockK) >> 4);
-                    const uint32_t k_off = static_cast<uint32_t>((sub * kSteps * 32 + s * 32) >> 4);
-                    Mma::mma(ptx::desc_from_words(desc_a + k_off, kDescHi),
-                             ptx::desc_from_words(desc_b + chunk + k_off, kDescHi), acc, s > 0);
-                  }
-                  ptx::wgmma_commit();
-                  order_after_issue();
-                  // Early release only where this group is the stage's last (one slice, one chunk).
-                  released = promote_slice(acc, stage, sub, ch, split, false,
-                                           kSlices == 1 && kNChunks == 1 && p.early_release);
-                }
-              }
-            };
-            if constexpr (kFold) {
-              if (fold_flags[stage]) mma_promote(std::integral_constant<int, 1>{});
-              else mma_promote(std::integral_constant<int, 4>{});
-            } else {
-              mma_promote(std::integral_constant<int, kSubs>{});
-            }
-            // Release the stage to the producer: one arrive per warp (unless the promotion did already).
-            if (!released) {
-              release(stage);
-            }
-          }
-        }
-      };
-      if constexpr (kPromote) {
-        if constexpr (kPromoteK == 128 && !kFp4B) {
-          // 192-wide tiles with 128-column B blocks always hold two B scales, changing at chunk 16 (even column
-          // blocks) or 8 (odd ones): those get their own loops too. Only there: each loop is ~2K instructions.
-          if (p.hoist_split && b_split == kSplitNone) {
-            promoted_k_loop(std::integral_constant<int, kSplitNone>{});
-          } else if constexpr (BLOCK_N == 192) {
-            if (p.hoist_split && b_split == 16) promoted_k_loop(std::integral_constant<int, 16>{});
-            else if (p.hoist_split && b_split == 8) promoted_k_loop(std::integral_constant<int, 8>{});
-            else promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
-          } else {
-            promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
-          }
-        } else {
-          promoted_k_loop(std::integral_constant<int, kSplitRuntime>{});
-        }
-      } else if constexpr (!kPromote) {
-        // No promotion: the wgmma of K-block kb runs while the stage of kb-1 is released.
-        int prev_stage = -1;
-#pragma unroll
-        for (int i = 0; i < kNumAcc; ++i) acc[i] = 0.0f;
-        for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
-          ptx::mbar_wait_shared(full_addr + stage * 8, phase);
-          const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
-          const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
-          ptx::fence_operands(acc);
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int s = 0; s < kGemmBlockK / 32; ++s)
-            Mma::mma(ptx::desc_from_words(desc_a + (s * 32 >> 4), kDescHi), ptx::desc_from_words(desc_b + (s * 32 >> 4), kDescHi),
-                     acc, true);
-          ptx::wgmma_commit();
-          ptx::wgmma_wait<1>();
-          ptx::fence_operands(acc);
-          if (prev_stage >= 0) {
-            release(prev_stage);
-          }
-          prev_stage = stage;
-        }
-        ptx::wgmma_wait<0>();
-        ptx::fence_operands(acc);
-        if (prev_stage >= 0) {
-          release(prev_stage);
-        }
-      }
-
-      return true;
-    };
-    // One pass past the last tile runs the epilogue left pending. Every epilogue outside the K loop runs here (one
-    // inlined copy): the tile's own, or with deferral the previous tile's where no K loop ran it (a tile without K
-    // blocks or this warpgroup's rows).
-    for (int t = tile_begin;; t += tile_step) {
-      const bool done = t >= num_tiles;
-      const bool has_epilogue = !done && tile_body(t);
-      if constexpr (kPromote) {
-        if (has_epilogue && !defer_epilogue) deferred_t = t;
-        flush_epilogue();
-        if (has_epilogue && defer_epilogue) deferred_t = t;
+        epilogue(total);
       } else {
-        if (has_epilogue) epilogue_of(t, acc);
+        epilogue(acc);
       }
-      if (done) break;
     }
     // Warpgroup 0 takes the last warpgroup's last arrival, so that no barrier is left half passed.
     if (ordered && warpgroup == 0 && issued_before) ptx::named_bar_sync<kNumConsumers == 3 ? 3 : 2, 256>();
