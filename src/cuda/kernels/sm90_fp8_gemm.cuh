@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     return info;
   };
   // A consumer warp releases a stage in its own CTA and, with a cluster, in the peer (whose B half it also holds).
-  // Called by every lane of a consumer warp once the warp is done with the stage's shared memory.
+  // Called by every lane of the warp once the warp is done with the stage's shared memory.
   // p.thread_release: every thread arrives on its own CTA's barrier (its reads precede its own arrival, which racecheck
   // follows; one lane's arrival after __syncwarp is the same order by bar.warp.sync, which racecheck does not
   // follow: stop 27), and lane 0 alone arrives on the peers'.
@@ -935,7 +935,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             } else {
               mma_promote(std::integral_constant<int, kSubs>{});
             }
-            // Release the stage to the producer: one arrive per warp (unless the promotion did already).
+            // Release the stage to the producer (unless the promotion did already).
             if (!released) {
               release(stage);
             }
