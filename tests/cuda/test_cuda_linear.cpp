@@ -539,7 +539,7 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
                           {recipes[0], recipes[1], recipes[7], recipes[9]}, 8192);
 }
 
-// One stage release per consumer thread (FINEGEMM_GEMM_THREAD_RELEASE=1, off by default) instead of one per warp after
+// One stage release per consumer thread (FINEGEMM_GEMM_THREAD_RELEASE, on by default since stop 32) or one per warp after
 // __syncwarp: the same arithmetic, so the same bits. Every kernel shape that releases stages: 192x128 alone, in pairs
 // sharing B and A and in 2x2 blocks (the peers' arrivals stay one per warp), 128x128 with two accumulator sets and with
 // one (pingpong), 128x64, 64x128, split-K, the idle-warpgroup loop (M = 300: 192-row tiles leave warpgroups without

@@ -302,7 +302,7 @@ TEST_F(CudaMoe, LeanEpilogueAndIdleSkipSameBits) {
     // unfused gate_up).
     const std::pair<const char*, const char*> switches[] = {
         {"FINEGEMM_GEMM_LEAN_EPILOGUE", "0"}, {"FINEGEMM_GEMM_SKIP_IDLE", "0"}, {"FINEGEMM_GEMM_WIDE_STORES", "1"},
-        {"FINEGEMM_GEMM_THREAD_RELEASE", "1"}};
+        {"FINEGEMM_GEMM_THREAD_RELEASE", "0"}};
     for (const auto& [env, value] : switches) {
       setenv(env, value, 1);
       HostTensor off;

@@ -51,8 +51,9 @@ struct GemmParams {
   // Every consumer thread arrives on its CTA's empty barrier (128 per warpgroup and stage), not lane 0 of each warp
   // after __syncwarp (4): the order racecheck can follow (stop 27's ring probe: clean with one arrival per thread,
   // 31248 hazards reported with one per warp). Peers of a cluster still get one arrival per warp.
-  // FINEGEMM_GEMM_THREAD_RELEASE=1; off until measured on the H200.
-  bool thread_release = false;
+  // On by default since stop 32 (the same speed as one per warp on the H200; racecheck clean on the cluster kernels);
+  // FINEGEMM_GEMM_THREAD_RELEASE=0 restores one arrival per warp.
+  bool thread_release = true;
   // The TMA thread also requests B's tile `l2_prefetch` K blocks ahead of the one it loads into L2
   // (cp.async.bulk.prefetch.tensor; across tile ends in the scheduler's order), so that the ring's loads find the
   // weights in L2 where they would wait for DRAM: a one-wave GEMM (M = 512) runs ~535 ns per K block with ~4 stages in

@@ -310,14 +310,8 @@ namespace {
 // shared_a: the column blocks counted in pairs (2-CTA clusters sharing A; each CTA takes one of the pair's blocks).
 template <int kRowsPerTile>
 NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmConfig& c, bool shared_a = false) {
-  NormalScheduler<kRowsPerTile> s;
-  s.m = p.m;
-  s.num_m_blocks = ceil_div(p.m, kRowsPerTile);
-  s.num_n_blocks = ceil_div(p.n, (shared_a ? 2 : 1) * c.block_n);
-  s.num_k_blocks = ceil_div(p.k, kGemmBlockK);
-  s.split_k = c.split_k;
-  s.k_blocks_per_split = c.k_blocks_per_split;
-  return s;
+  return NormalScheduler<kRowsPerTile>::make(p.m, ceil_div(p.m, kRowsPerTile), ceil_div(p.n, (shared_a ? 2 : 1) * c.block_n),
+                                              ceil_div(p.k, kGemmBlockK), c.split_k, c.k_blocks_per_split);
 }
 }  // namespace
 
