@@ -20,11 +20,11 @@ for l in open(sys.argv[1]):
         print("  M=%-4d N=%-6d K=%-6d %-14s graph=%8.2f us rel=%.2e" % (r["m"], r["n"], r["k"], e, r["us_graph"], r["rel_err"]))
 ' $1; }
 C=FINEGEMM_GEMM_CONFIG
-envs=";$C=192x128:1c2;$C=192x128:1c2a;$C=192x128:1;$C=128x128:1;$C=128x128:1c2;$C=128x128:1c2a;$C=128x64:1;$C=64x128:1;$C=128x192:1;$C=128x256:1c2;$C=128x128:2"
-for s in 128:32768:512 512:7168:2048 512:4096:7168 512:7168:16384 512:24576:1536 512:2112:7168 4096:4096:7168 4096:7168:2048 4096:7168:16384 128:24576:1536 512:32768:512; do
-  [ $(( $(date +%s) - s0 )) -lt 520 ] || break
+envs=";$C=192x128:1c2;$C=192x128:1c2a;$C=192x128:1;$C=128x128:1;$C=128x128:1c2;$C=128x128:1c2a;$C=128x64:1;$C=64x128:1;$C=128x192:1;$C=128x256:1c2;$C=128x128:2;"
+for s in 128:32768:512 128:24576:1536 512:7168:2048 512:4096:7168 512:24576:1536 512:2112:7168 512:32768:512 512:7168:16384 4096:7168:2048 4096:4096:7168 4096:7168:16384; do
+  [ $(( $(date +%s) - s0 )) -lt 480 ] || break
   IFS=: read -r m n k <<<"$s"
-  FINEGEMM_PRINT_CONFIG=1 timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m $m --nk $n:$k --variants block-fp32-dynamic --envs "$envs" >$W/cfg_${m}_${n}_${k}.txt 2>$W/cfg_${m}_${n}_${k}.err
+  FINEGEMM_PRINT_CONFIG=1 timeout 100 $B/bench/bench_cuda_linear --m-major-scales --m $m --nk $n:$k --variants block-fp32-dynamic --envs "$envs" >$W/cfg_${m}_${n}_${k}.txt 2>$W/cfg_${m}_${n}_${k}.err
   echo "== M=$m N=$n K=$k rc=$? $(el) default pick: $(grep -m1 'finegemm: gemm' $W/cfg_${m}_${n}_${k}.err | sed 's/.*-> //')"; show $W/cfg_${m}_${n}_${k}.txt
 done
 cd $OUT && tar czf all.tgz w && rm -rf w
