@@ -40,7 +40,10 @@ inline constexpr int kSplitRuntime = -(1 << 20);
 // values relative to the largest scale of its 128-wide K block, so the accumulator is promoted once per 128.
 // A K block whose scales spread more than 8 binades (E4M3 holds E2M1·2^-d exactly for d ≤ 8 only) is expanded
 // unfolded and promoted every 32: the loader warp flags each stage.
-template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes = 0, bool kFp4B = false>
+// kOutBytes: the TMA-store epilogue's staging buffer (one 64 x BLOCK_N 16-bit tile per consumer warpgroup), after
+// B's stages (1024-aligned, as the 128-byte swizzle wants).
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes = 0, bool kFp4B = false,
+          int kOutBytes = 0>
 struct GemmSmem {
   static constexpr int kSubs = kPromoteK == 0 ? 0 : kGemmBlockK / kPromoteK;
   // Promotion slices stored per stage: FP4 keeps four (the unfolded fallback promotes every 32).
@@ -62,7 +65,8 @@ struct GemmSmem {
   static constexpr int kBarriers = (kFp4B ? 3 : 2) * kNumStages * 8;
   // +1024: the dynamic base is re-aligned to 1024 B for the 128-byte swizzle.
   static constexpr int kBytes =
-      kNumStages * (kStageA + kStageB + kStageScales + kStageRawB) + kBarriers + kSchedulerBytes + kFoldBytes + 1024;
+      kNumStages * (kStageA + kStageB + kStageScales + kStageRawB) + kOutBytes + kBarriers + kSchedulerBytes + kFoldBytes +
+      1024;
 };
 
 // One output of a split-K finish: the summed partials times the row and column scales, plus the bias, rounded as
@@ -198,11 +202,14 @@ __device__ __forceinline__ void promote_split(float (&total)[kNumTotal], const f
 // r ^ 2, and half of its B tile, multicast to itself and r ^ 1: a quarter less L2 traffic per CTA than a pair
 // sharing A alone at 192x128. A stage of CTA r is written by r, r ^ 1 and r ^ 2, so each producer's empty barrier
 // counts the releases of all three, and a consumer releases its stage in all three.
+// kTmaStore (FINEGEMM_GEMM_TMA_STORE=1, an experiment): the dense Store epilogue through shared memory and TMA stores
+// of y (tma_out: y as bytes, boxes of 64 rows x 128 bytes, 128-byte swizzle); the host takes it only where the lean
+// epilogue serves (no split-K workspace, no column scale, no bias) with 16-bit output.
 template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B,
-          int kCluster = 1, bool kShareA = false>
+          int kCluster = 1, bool kShareA = false, bool kTmaStore = false>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                         const GemmParams p, const Scheduler scheduler_arg) {
+                         const __grid_constant__ CUtensorMap tma_out, const GemmParams p, const Scheduler scheduler_arg) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 192, "BLOCK_M: one to three consumer warpgroups of 64 rows");
   static_assert(BLOCK_M != 192 || (BLOCK_N <= 128 && kPromoteK != 32 && !kFp4B),
@@ -233,7 +240,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   // peer in a pair, itself and two peers in a 2x2 block.
   constexpr int kStageWriters = kCluster == 4 ? 3 : kCluster;
   static_assert(!kShareA || (kCluster == 2 && kEpilogue == Epilogue::Store), "shared A: 2-CTA clusters, dense Store");
-  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>;
+  static_assert(!kTmaStore || (kEpilogue == Epilogue::Store && !kFp4B && BLOCK_N == 128),
+                "TMA-store epilogue: dense Store, E4M3, 128-wide tiles");
+  constexpr int kOutTileBytes = 64 * BLOCK_N * 2;  // one consumer warpgroup's 16-bit outputs
+  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B,
+                        kTmaStore ? kNumConsumers * kOutTileBytes : 0>;
   constexpr int kSubs = Smem::kSubs;
   constexpr int kScaleSubs = Smem::kScaleSubs;
   constexpr bool kFold = Smem::kFold;
@@ -244,7 +255,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem_a + kNumStages * Smem::kStageA;
-  uint8_t* smem_raw_b = smem_b + kNumStages * Smem::kStageB;
+  uint8_t* smem_out = smem_b + kNumStages * Smem::kStageB;  // kTmaStore: the staging tiles
+  uint8_t* smem_raw_b = smem_out + (kTmaStore ? kNumConsumers * kOutTileBytes : 0);
   float* smem_scales = reinterpret_cast<float*>(smem_raw_b + kNumStages * Smem::kStageRawB);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_scales) + kNumStages * Smem::kStageScales);
   uint64_t* empty = full + kNumStages;
@@ -999,6 +1011,56 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         return v * rs * load_vec(p.col_mode, col_scale, b_row) + load_bias(p, bias_base + b_row);
       };
       auto epilogue = [&](float(&result)[kNumTotal]) {
+        if constexpr (kTmaStore) {
+          // Through shared memory: the warpgroup's 64 x 128 outputs as two 64 x 64 boxes (128-byte rows, 16-byte
+          // chunk c of row r at c ^ (r % 8)), written by stmatrix in the accumulator layout, then stored by one thread.
+          // The same values as the lean store: (v · rs + 0) · w, rounded to the output type.
+          const int wtid = threadIdx.x % 128;
+          uint8_t* out_tile = smem_out + warpgroup * kOutTileBytes;
+          // The previous tile's stores have read this buffer (issued a whole K loop ago).
+          // Barrier 8 + warpgroup over the warpgroup's 128 threads (ids 1-3 order the wgmma issue).
+          auto wg_bar = [&]() {
+            if (warpgroup == 0) ptx::named_bar_sync<8, 128>();
+            else if (warpgroup == 1) ptx::named_bar_sync<9, 128>();
+            else ptx::named_bar_sync<10, 128>();
+          };
+          if (wtid == 0) ptx::bulk_wait_group_read<0>();
+          wg_bar();
+          const float w0 = (p.row_weight && row0 < tile.m_end) ? p.row_weight[row0] : 1.0f;
+          const float w1 = (p.row_weight && row1 < tile.m_end) ? p.row_weight[row1] : 1.0f;
+          const int mat = lane >> 3, mat_row = (wtid >> 5) * 16 + ((mat & 1) << 3) + (lane & 7);
+          const uint32_t row_addr = ptx::smem_addr(out_tile) + static_cast<uint32_t>(mat_row * 128);
+          auto store_tile = [&](auto tag) {
+            using T = decltype(tag);
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 8; c += 2) {
+              uint32_t r[4];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const float* v = result + (c + h) * 4;
+                r[2 * h] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[0], rs0), 0.0f), w0),
+                                        __fmul_rn(__fadd_rn(__fmul_rn(v[1], rs0), 0.0f), w0));
+                r[2 * h + 1] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[2], rs1), 0.0f), w1),
+                                            __fmul_rn(__fadd_rn(__fmul_rn(v[3], rs1), 0.0f), w1));
+              }
+              const int chunk = c + (mat >> 1);  // 0..15: box chunk / 8, chunk % 8 inside it
+              const uint32_t addr = row_addr + static_cast<uint32_t>((chunk >> 3) * (64 * 128)) +
+                                    static_cast<uint32_t>((((chunk & 7) ^ (mat_row & 7)) << 4));
+              ptx::stmatrix_x4(addr, r[0], r[1], r[2], r[3]);
+            }
+          };
+          if (p.out_dtype == OutDType::F16) store_tile(__half{});
+          else store_tile(__nv_bfloat16{});
+          ptx::fence_proxy_async_shared();
+          wg_bar();
+          if (wtid == 0) {
+            const int col_bytes = tile.n_block * BLOCK_N * 2, row = tile.m_row0 + warpgroup * 64;
+            ptx::tma_store_2d(&tma_out, out_tile, col_bytes, row);
+            ptx::tma_store_2d(&tma_out, out_tile + 64 * 128, col_bytes + 128, row);
+            ptx::bulk_commit_group();
+          }
+          return;
+        }
         if constexpr (kEpilogue == Epilogue::Store) {
           if (p.workspace) {
             // Split-K partial: promotion applied, epilogue scales left to the reduction.
@@ -1210,6 +1272,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     }
     // Warpgroup 0 takes the last warpgroup's last arrival, so that no barrier is left half passed.
     if (ordered && warpgroup == 0 && issued_before) ptx::named_bar_sync<kNumConsumers == 3 ? 3 : 2, 256>();
+    // The last tile's stores have completed before the CTA (and its shared memory) goes.
+    if constexpr (kTmaStore) {
+      if (threadIdx.x % 128 == 0) ptx::bulk_wait_group<0>();
+    }
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if constexpr (kCluster > 1) {

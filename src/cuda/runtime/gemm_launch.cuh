@@ -183,12 +183,15 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 // persistent, and a second wave of clusters would double the time.
 // kShareA: the pair shares A instead (sm90_fp8_gemm.cuh), and `grid` counts column-block pairs. kCluster = 4: 2x2
 // blocks sharing A and B, `grid` counts them (four SMs of one GPC each).
+// kTmaStore: the TMA-store epilogue (tma_out: y as bytes, make_tma_2d(out, M, 2N, 2 ldo, 64)).
 template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B = false,
-          int kCluster = 1, bool kShareA = false>
+          int kCluster = 1, bool kShareA = false, bool kTmaStore = false>
 inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p, const Scheduler& sched,
-                   int grid, cudaStream_t stream) {
-  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster, kShareA>;
-  constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes, kFp4B>::kBytes;
+                   int grid, cudaStream_t stream, const CUtensorMap& tma_out = CUtensorMap{}) {
+  auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster, kShareA,
+                                     kTmaStore>;
+  constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes, kFp4B,
+                                 kTmaStore ? (BLOCK_M / 64) * 64 * BLOCK_N * 2 : 0>::kBytes;
   constexpr int kThreads = 128 * (BLOCK_M / 64 + 1);
   static_assert(kSmem <= 232448, "shared memory: a tile config exceeds the 227 KB an sm_90 block can have");
   // The shared-memory attribute is per device: set it once on each device this process launches on.
@@ -202,7 +205,7 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
     devices_set.fetch_or(bit);
   }
   if constexpr (kCluster == 1) {
-    kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, p, sched);
+    kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_out, p, sched);
   } else {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -227,7 +230,7 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
     if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
       std::fprintf(stderr, "finegemm: cluster launch: %d clusters of %d fit at once, %d launched\n", clusters, kCluster,
                    static_cast<int>(config.gridDim.x) / kCluster);
-    FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, p, sched));
+    FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, tma_out, p, sched));
   }
   FG_CUDA_CHECK(cudaGetLastError());
 }

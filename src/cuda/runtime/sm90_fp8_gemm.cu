@@ -315,6 +315,16 @@ NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmCo
 }
 }  // namespace
 
+// The TMA-store epilogue's instantiation serves: the default 192x128 pairs sharing B (c2), the lean epilogue's case
+// (no split-K workspace, no column scale, no bias), 16-bit output in plain column order, y 16-byte aligned with rows a
+// multiple of 16 bytes apart (TMA's global address and stride rules).
+bool tma_store_ok(const GemmParams& p, const GemmConfig& c) {
+  return env_switch("FINEGEMM_GEMM_TMA_STORE", false) && c.block_m == 192 && c.block_n == 128 && c.cluster == 2 &&
+         !c.share_a && c.split_k == 1 && p.workspace == nullptr && p.lean_epilogue && p.col_mode == VecMode::None &&
+         p.bias_dtype < 0 && (p.out_dtype == OutDType::BF16 || p.out_dtype == OutDType::F16) &&
+         p.b_layout == BLayout::Plain && !p.b_fp4 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && (2 * p.ldo) % 16 == 0;
+}
+
 bool a_scale_bulk_wanted() { return env_switch("FINEGEMM_GEMM_SCALE_BULK", true); }
 
 bool a_scale_bulk_ok(const GemmParams& p) {
@@ -434,6 +444,11 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   else if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
+  else if (p.promote_k % 128 == 0 && tma_store_ok(p, c))
+    // FINEGEMM_GEMM_TMA_STORE=1 (an experiment): 192x128 pairs sharing B, four stages, the epilogue through shared
+    // memory and TMA stores.
+    launch_kernel<192, 128, 4, 128, Epilogue::Store, NormalScheduler<384>, false, 2, false, true>(
+        tma_a, tma_b, p, s384, c.grid, stream, make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64));
   else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   if (p.workspace) launch_splitk_reduce(p, c.split_k, stream);
