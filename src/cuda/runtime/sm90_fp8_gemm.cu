@@ -315,12 +315,13 @@ NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmCo
 }
 }  // namespace
 
-// The TMA-store epilogue's instantiation serves: the default 192x128 pairs sharing B (c2), the lean epilogue's case
+// The TMA-store epilogue's instantiations serve: the default 192x128 pairs sharing B (c2) or A (c2a) and 128x128
+// tiles without clusters (with two accumulator sets, or one), the lean epilogue's case
 // (no split-K workspace, no column scale, no bias), 16-bit output in plain column order, y 16-byte aligned with rows a
 // multiple of 16 bytes apart (TMA's global address and stride rules).
 bool tma_store_ok(const GemmParams& p, const GemmConfig& c) {
-  return env_switch("FINEGEMM_GEMM_TMA_STORE", false) && c.block_m == 192 && c.block_n == 128 && c.cluster == 2 &&
-         !c.share_a && c.split_k == 1 && p.workspace == nullptr && p.lean_epilogue && p.col_mode == VecMode::None &&
+  const bool config = c.block_n == 128 && ((c.block_m == 192 && c.cluster == 2) || (c.block_m == 128 && c.cluster == 1));
+  return env_switch("FINEGEMM_GEMM_TMA_STORE", false) && config && c.split_k == 1 && p.workspace == nullptr && p.lean_epilogue && p.col_mode == VecMode::None &&
          p.bias_dtype < 0 && (p.out_dtype == OutDType::BF16 || p.out_dtype == OutDType::F16) &&
          p.b_layout == BLayout::Plain && !p.b_fp4 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && (2 * p.ldo) % 16 == 0;
 }
@@ -444,11 +445,21 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   else if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
-  else if (p.promote_k % 128 == 0 && tma_store_ok(p, c))
-    // FINEGEMM_GEMM_TMA_STORE=1 (an experiment): 192x128 pairs sharing B, four stages, the epilogue through shared
-    // memory and TMA stores.
-    launch_kernel<192, 128, 4, 128, Epilogue::Store, NormalScheduler<384>, false, 2, false, true>(
-        tma_a, tma_b, p, s384, c.grid, stream, make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64));
+  else if (p.promote_k % 128 == 0 && tma_store_ok(p, c)) {
+    // FINEGEMM_GEMM_TMA_STORE=1 (an experiment): the epilogue through shared memory and TMA stores, one stage fewer
+    // than the lean-store kernels (the staging tiles take its place): 192x128 pairs sharing B or A, 128x128 alone.
+    const CUtensorMap tma_out = make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64);
+    constexpr auto kStore = Epilogue::Store;
+    if (c.block_m == 128)
+      launch_kernel<128, 128, 5, 128, kStore, NormalScheduler<128>, false, 1, false, true>(tma_a, tma_b, p, s128, c.grid,
+                                                                                          stream, tma_out);
+    else if (c.share_a)
+      launch_kernel<192, 128, 4, 128, kStore, NormalScheduler<192>, false, 2, true, true>(tma_a, tma_b, p, shared_a.s192,
+                                                                                         c.grid, stream, tma_out);
+    else
+      launch_kernel<192, 128, 4, 128, kStore, NormalScheduler<384>, false, 2, false, true>(tma_a, tma_b, p, s384, c.grid,
+                                                                                          stream, tma_out);
+  }
   else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   if (p.workspace) launch_splitk_reduce(p, c.split_k, stream);
