@@ -202,9 +202,9 @@ __device__ __forceinline__ void promote_split(float (&total)[kNumTotal], const f
 // r ^ 2, and half of its B tile, multicast to itself and r ^ 1: a quarter less L2 traffic per CTA than a pair
 // sharing A alone at 192x128. A stage of CTA r is written by r, r ^ 1 and r ^ 2, so each producer's empty barrier
 // counts the releases of all three, and a consumer releases its stage in all three.
-// kTmaStore (FINEGEMM_GEMM_TMA_STORE=1, an experiment): the dense Store epilogue through shared memory and TMA stores
-// of y (tma_out: y as bytes, boxes of 64 rows x 128 bytes, 128-byte swizzle); the host takes it only where the lean
-// epilogue serves (no split-K workspace, no column scale, no bias) with 16-bit output.
+// kTmaStore (the default where it applies; FINEGEMM_GEMM_TMA_STORE=0 turns it off): the dense Store epilogue through
+// shared memory and TMA stores of y (tma_out: y as bytes, boxes of 64 rows x 128 bytes, 128-byte swizzle); the host
+// takes it only where the lean epilogue serves (no split-K workspace, no column scale, no bias) with 16-bit output.
 template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B,
           int kCluster = 1, bool kShareA = false, bool kTmaStore = false>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
@@ -240,8 +240,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   // peer in a pair, itself and two peers in a 2x2 block.
   constexpr int kStageWriters = kCluster == 4 ? 3 : kCluster;
   static_assert(!kShareA || (kCluster == 2 && kEpilogue == Epilogue::Store), "shared A: 2-CTA clusters, dense Store");
-  static_assert(!kTmaStore || (kEpilogue == Epilogue::Store && !kFp4B && BLOCK_N == 128),
-                "TMA-store epilogue: dense Store, E4M3, 128-wide tiles");
+  static_assert(!kTmaStore || (kEpilogue == Epilogue::Store && !kFp4B && BLOCK_N % 64 == 0 && BLOCK_N <= 192),
+                "TMA-store epilogue: dense Store, E4M3, tiles 64, 128 or 192 wide");
   constexpr int kOutTileBytes = 64 * BLOCK_N * 2;  // one consumer warpgroup's 16-bit outputs
   using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B,
                         kTmaStore ? kNumConsumers * kOutTileBytes : 0>;
@@ -1012,7 +1012,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       };
       auto epilogue = [&](float(&result)[kNumTotal]) {
         if constexpr (kTmaStore) {
-          // Through shared memory: the warpgroup's 64 x 128 outputs as two 64 x 64 boxes (128-byte rows, 16-byte
+          // Through shared memory: the warpgroup's 64 x BLOCK_N outputs as 64 x 64 boxes (128-byte rows, 16-byte
           // chunk c of row r at c ^ (r % 8)), written by stmatrix in the accumulator layout, then stored by one thread.
           // The same values as the lean store: (v · rs + 0) · w, rounded to the output type.
           const int wtid = threadIdx.x % 128;
@@ -1043,7 +1043,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                 r[2 * h + 1] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[2], rs1), 0.0f), w1),
                                             __fmul_rn(__fadd_rn(__fmul_rn(v[3], rs1), 0.0f), w1));
               }
-              const int chunk = c + (mat >> 1);  // 0..15: box chunk / 8, chunk % 8 inside it
+              const int chunk = c + (mat >> 1);  // box chunk / 8, chunk % 8 inside it
               const uint32_t addr = row_addr + static_cast<uint32_t>((chunk >> 3) * (64 * 128)) +
                                     static_cast<uint32_t>((((chunk & 7) ^ (mat_row & 7)) << 4));
               ptx::stmatrix_x4(addr, r[0], r[1], r[2], r[3]);
@@ -1055,8 +1055,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           wg_bar();
           if (wtid == 0) {
             const int col_bytes = tile.n_block * BLOCK_N * 2, row = tile.m_row0 + warpgroup * 64;
-            ptx::tma_store_2d(&tma_out, out_tile, col_bytes, row);
-            ptx::tma_store_2d(&tma_out, out_tile + 64 * 128, col_bytes + 128, row);
+#pragma unroll
+            for (int box = 0; box < BLOCK_N / 64; ++box)
+              ptx::tma_store_2d(&tma_out, out_tile + box * (64 * 128), col_bytes + box * 128, row);
             ptx::bulk_commit_group();
           }
           return;

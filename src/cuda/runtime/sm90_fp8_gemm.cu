@@ -315,13 +315,19 @@ NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmCo
 }
 }  // namespace
 
-// The TMA-store epilogue's instantiations serve: the default 192x128 pairs sharing B (c2) or A (c2a) and 128x128
-// tiles without clusters (with two accumulator sets, or one), the lean epilogue's case
-// (no split-K workspace, no column scale, no bias), 16-bit output in plain column order, y 16-byte aligned with rows a
-// multiple of 16 bytes apart (TMA's global address and stride rules).
+// The TMA-store epilogue (on unless FINEGEMM_GEMM_TMA_STORE=0). Its instantiations serve: 192x128 tiles alone and in
+// pairs sharing B (c2) or A (c2a); 128x64, 128x128 (with two accumulator sets, or one) and 128x192 tiles without
+// clusters; in the lean epilogue's case (no split-K workspace, no column scale, no bias), with 16-bit output in plain
+// column order, y 16-byte aligned with rows a multiple of 16 bytes apart (TMA's global address and stride rules).
+// NOTE: measured on the H200 (stop 33, graph replay, same data, BF16 out, block FP32 scales; off -> on, µs):
+// M = 4096 N = 32768 K = 512 180.3 / 189.5 -> 160.7 / 163.5, M = 4096 N = 7168 K = 2048 122.9 / 122.6 -> 114.0 /
+// 113.5, M = 512 N = 24576 K = 1536 45.6 -> 41.6, M = 512 N = 32768 K = 512 28.6 -> 25.2, M = 512 N = 7168 K = 2048
+// 21.0 -> 19.0, M = 512 N = 4096 K = 7168 31.7 -> 29.9, M = 4096 N = 7168 K = 16384 958.6 / 924.0 -> 919.5 / 926.7
+// (bench/results/stop33_call2_2026-12-03_7a01248.json; 192x128 pairs and 128x128 only).
 bool tma_store_ok(const GemmParams& p, const GemmConfig& c) {
-  const bool config = c.block_n == 128 && ((c.block_m == 192 && c.cluster == 2) || (c.block_m == 128 && c.cluster == 1));
-  return env_switch("FINEGEMM_GEMM_TMA_STORE", false) && config && c.split_k == 1 && p.workspace == nullptr && p.lean_epilogue && p.col_mode == VecMode::None &&
+  const bool config = (c.block_m == 192 && c.block_n == 128 && c.cluster <= 2) ||
+                      (c.block_m == 128 && c.cluster == 1 && (c.block_n == 64 || c.block_n == 128 || c.block_n == 192));
+  return env_switch("FINEGEMM_GEMM_TMA_STORE", true) && config && c.split_k == 1 && p.workspace == nullptr && p.lean_epilogue && p.col_mode == VecMode::None &&
          p.bias_dtype < 0 && (p.out_dtype == OutDType::BF16 || p.out_dtype == OutDType::F16) &&
          p.b_layout == BLayout::Plain && !p.b_fp4 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && (2 * p.ldo) % 16 == 0;
 }
@@ -446,12 +452,19 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   else if (p.promote_k % 128 == 0 && tma_store_ok(p, c)) {
-    // FINEGEMM_GEMM_TMA_STORE=1 (an experiment): the epilogue through shared memory and TMA stores, one stage fewer
-    // than the lean-store kernels (the staging tiles take its place): 192x128 pairs sharing B or A, 128x128 alone.
+    // The epilogue through shared memory and TMA stores (tma_store_ok), one stage fewer than the lean-store kernels
+    // where the staging tiles take its place (128x64 keeps its eight).
     const CUtensorMap tma_out = make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64);
     constexpr auto kStore = Epilogue::Store;
-    if (c.block_m == 128)
-      launch_kernel<128, 128, 5, 128, kStore, NormalScheduler<128>, false, 1, false, true>(tma_a, tma_b, p, s128, c.grid,
+    using S128 = NormalScheduler<128>;
+    if (c.block_m == 128 && c.block_n == 64)
+      launch_kernel<128, 64, 8, 128, kStore, S128, false, 1, false, true>(tma_a, tma_b, p, s128, c.grid, stream, tma_out);
+    else if (c.block_m == 128 && c.block_n == 128)
+      launch_kernel<128, 128, 5, 128, kStore, S128, false, 1, false, true>(tma_a, tma_b, p, s128, c.grid, stream, tma_out);
+    else if (c.block_m == 128)
+      launch_kernel<128, 192, 4, 128, kStore, S128, false, 1, false, true>(tma_a, tma_b, p, s128, c.grid, stream, tma_out);
+    else if (c.cluster == 1)
+      launch_kernel<192, 128, 4, 128, kStore, NormalScheduler<192>, false, 1, false, true>(tma_a, tma_b, p, s192, c.grid,
                                                                                           stream, tma_out);
     else if (c.share_a)
       launch_kernel<192, 128, 4, 128, kStore, NormalScheduler<192>, false, 2, true, true>(tma_a, tma_b, p, shared_a.s192,
