@@ -1011,7 +1011,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         return v * rs * load_vec(p.col_mode, col_scale, b_row) + load_bias(p, bias_base + b_row);
       };
       auto epilogue = [&](float(&result)[kNumTotal]) {
+        // A grouped tile's warpgroup whose 64 rows run into the next group's (an expert's last tile) takes the lean
+        // store below: TMA clips rows at M only. Dense tiles end at M (m_end == M).
         if constexpr (kTmaStore) {
+        if (tile.m_end == p.m || tile.m_row0 + warpgroup * 64 + 64 <= tile.m_end) {
           // Through shared memory: the warpgroup's 64 x BLOCK_N outputs as 64 x 64 boxes (128-byte rows, 16-byte
           // chunk c of row r at c ^ (r % 8)), written by stmatrix in the accumulator layout, then stored by one thread.
           // The same values as the lean store: (v · rs + 0) · w, rounded to the output type.
@@ -1061,6 +1064,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             ptx::bulk_commit_group();
           }
           return;
+        }
         }
         if constexpr (kEpilogue == Epilogue::Store) {
           if (p.workspace) {

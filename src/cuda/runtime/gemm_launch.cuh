@@ -160,6 +160,14 @@ inline void apply_env_switches(GemmParams& p, bool grouped = false) {
 // The grouped (MoE) GEMMs keep the plain kernels unless forced: their bar is 1e-2, and their unit-scale promoting path
 // has not run on the H200 yet (grouped = true).
 inline constexpr int kFp32AccumMinK = 4096;
+// The output side of the TMA-store epilogue: the lean epilogue's case (no column scale, no bias), 16-bit output in
+// plain column order, y 16-byte aligned with rows a multiple of 16 bytes apart (TMA's global address and stride rules).
+inline bool tma_store_output_ok(const GemmParams& p) {
+  return p.lean_epilogue && p.col_mode == VecMode::None && p.bias_dtype < 0 &&
+         (p.out_dtype == OutDType::BF16 || p.out_dtype == OutDType::F16) && p.b_layout == BLayout::Plain &&
+         reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && (2 * p.ldo) % 16 == 0;
+}
+
 inline bool fp32_accum_wanted(int k, bool grouped = false) {
   return env_switch("FINEGEMM_GEMM_FP32_ACCUM", !grouped && k > kFp32AccumMinK);
 }

@@ -327,9 +327,8 @@ NormalScheduler<kRowsPerTile> normal_scheduler(const GemmParams& p, const GemmCo
 bool tma_store_ok(const GemmParams& p, const GemmConfig& c) {
   const bool config = (c.block_m == 192 && c.block_n == 128 && c.cluster <= 2) ||
                       (c.block_m == 128 && c.cluster == 1 && (c.block_n == 64 || c.block_n == 128 || c.block_n == 192));
-  return env_switch("FINEGEMM_GEMM_TMA_STORE", true) && config && c.split_k == 1 && p.workspace == nullptr && p.lean_epilogue && p.col_mode == VecMode::None &&
-         p.bias_dtype < 0 && (p.out_dtype == OutDType::BF16 || p.out_dtype == OutDType::F16) &&
-         p.b_layout == BLayout::Plain && !p.b_fp4 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && (2 * p.ldo) % 16 == 0;
+  return env_switch("FINEGEMM_GEMM_TMA_STORE", true) && config && c.split_k == 1 && p.workspace == nullptr &&
+         !p.b_fp4 && tma_store_output_ok(p);
 }
 
 bool a_scale_bulk_wanted() { return env_switch("FINEGEMM_GEMM_SCALE_BULK", true); }

@@ -14,9 +14,11 @@ namespace {
 
 // kSharedA: 2-CTA clusters over adjacent column blocks of one expert's rows, A multicast (the dense "c2a";
 // FINEGEMM_GROUPED_CLUSTER=1): the scheduler counts column-block pairs and `grid` counts clusters.
-template <int BLOCK_M, int BLOCK_N, int kStages, Epilogue kEpilogue, bool kSharedA = false>
+// kTmaStore: the TMA-store epilogue (grouped_tma_store_ok; one stage fewer, tma_out over y), where a warpgroup's rows
+// stay inside its expert's (the kernel falls back to the lean store where they run into the next expert's).
+template <int BLOCK_M, int BLOCK_N, int kStages, Epilogue kEpilogue, bool kSharedA = false, bool kTmaStore = false>
 void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p, const GroupedLayout& layout,
-                           int grid, cudaStream_t stream) {
+                           int grid, cudaStream_t stream, const CUtensorMap& tma_out = CUtensorMap{}) {
   GroupedScheduler<BLOCK_M, kMaxGroupedExperts> sched;
   sched.offsets = layout.offsets;
   sched.counts = layout.counts;
@@ -37,7 +39,10 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
     if (p.b_fp4 || (promote && p.promote_k % 128 != 0))
       throw Error(ErrorKind::Runtime, "grouped gemm: 192-row tiles take E4M3 experts with 128-wide promotion or none");
     using S = decltype(sched);
-    if constexpr (kSharedA) {
+    if constexpr (kTmaStore) {
+      return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue, S, false, 1, false, true>(a, b, p, sched, grid,
+                                                                                             stream, tma_out);
+    } else if constexpr (kSharedA) {
       if (!promote) return launch_kernel<BLOCK_M, BLOCK_N, kStages, 0, kEpilogue, S, false, 2, true>(a, b, p, sched, grid, stream);
       return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue, S, false, 2, true>(a, b, p, sched, grid, stream);
     } else {
@@ -46,6 +51,10 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
     }
   } else {
     static_assert(!kSharedA, "grouped 2-CTA clusters: 192-row tiles only");
+    if constexpr (kTmaStore) {
+      return launch_kernel<BLOCK_M, BLOCK_N, kStages, 128, kEpilogue, decltype(sched), false, 1, false, true>(
+          a, b, p, sched, grid, stream, tma_out);
+    }
     if (p.b_fp4) {
       // FP4 experts: 32-wide promotion, fewer stages (the packed staging buffer shares the shared memory).
       constexpr int kFp4Stages = BLOCK_N == 256 ? 3 : (BLOCK_M == 128 ? 4 : 6);
@@ -114,6 +123,18 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   const CUtensorMap tma_b = p.b_fp4 ? make_tma_2d(b, b_rows, p.k / 2, ldb, block_n / 2, kGemmBlockK / 2)
                                     : make_tma_2d(b, b_rows, p.k, ldb, p.b_box_full ? block_n : block_n / 2);
   p.workspace = nullptr;
+  // FINEGEMM_GROUPED_TMA_STORE=1 (an experiment, off): the TMA-store epilogue of the dense GEMMs (tma_store_ok's
+  // conditions, 128-wide promotion) for 128- and 192-row Store tiles; the MoE down GEMM with BF16 y takes it.
+  const bool tma_store = epilogue == Epilogue::Store && block_m >= 128 && !shared_a && promote && p.promote_k % 128 == 0 &&
+                         !p.b_fp4 && env_switch("FINEGEMM_GROUPED_TMA_STORE", false) && tma_store_output_ok(p);
+  if (tma_store) {
+    const CUtensorMap tma_out = make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64);
+    if (block_m == 192)
+      return launch_grouped_config<192, 128, 4, Epilogue::Store, false, true>(tma_a, tma_b, p, layout, num_sms, stream,
+                                                                             tma_out);
+    return launch_grouped_config<128, 128, 5, Epilogue::Store, false, true>(tma_a, tma_b, p, layout, num_sms, stream,
+                                                                           tma_out);
+  }
   if (epilogue == Epilogue::Store) {
     if (block_m == 64) return launch_grouped_config<64, 128, 8, Epilogue::Store>(tma_a, tma_b, p, layout, num_sms, stream);
     if (block_m == 192 && shared_a)
