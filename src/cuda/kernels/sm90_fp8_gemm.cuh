@@ -1014,57 +1014,57 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         // A grouped tile's warpgroup whose 64 rows run into the next group's (an expert's last tile) takes the lean
         // store below: TMA clips rows at M only. Dense tiles end at M (m_end == M).
         if constexpr (kTmaStore) {
-        if (tile.m_end == p.m || tile.m_row0 + warpgroup * 64 + 64 <= tile.m_end) {
-          // Through shared memory: the warpgroup's 64 x BLOCK_N outputs as 64 x 64 boxes (128-byte rows, 16-byte
-          // chunk c of row r at c ^ (r % 8)), written by stmatrix in the accumulator layout, then stored by one thread.
-          // The same values as the lean store: (v · rs + 0) · w, rounded to the output type.
-          const int wtid = threadIdx.x % 128;
-          uint8_t* out_tile = smem_out + warpgroup * kOutTileBytes;
-          // The previous tile's stores have read this buffer (issued a whole K loop ago).
-          // Barrier 8 + warpgroup over the warpgroup's 128 threads (ids 1-3 order the wgmma issue).
-          auto wg_bar = [&]() {
-            if (warpgroup == 0) ptx::named_bar_sync<8, 128>();
-            else if (warpgroup == 1) ptx::named_bar_sync<9, 128>();
-            else ptx::named_bar_sync<10, 128>();
-          };
-          if (wtid == 0) ptx::bulk_wait_group_read<0>();
-          wg_bar();
-          const float w0 = (p.row_weight && row0 < tile.m_end) ? p.row_weight[row0] : 1.0f;
-          const float w1 = (p.row_weight && row1 < tile.m_end) ? p.row_weight[row1] : 1.0f;
-          const int mat = lane >> 3, mat_row = (wtid >> 5) * 16 + ((mat & 1) << 3) + (lane & 7);
-          const uint32_t row_addr = ptx::smem_addr(out_tile) + static_cast<uint32_t>(mat_row * 128);
-          auto store_tile = [&](auto tag) {
-            using T = decltype(tag);
+          if (tile.m_end == p.m || tile.m_row0 + warpgroup * 64 + 64 <= tile.m_end) {
+            // Through shared memory: the warpgroup's 64 x BLOCK_N outputs as 64 x 64 boxes (128-byte rows,
+            // 16-byte chunk c of row r at c ^ (r % 8)), written by stmatrix in the accumulator layout, then stored by
+            // one thread. The same values as the lean store: (v · rs + 0) · w, rounded to the output type.
+            const int wtid = threadIdx.x % 128;
+            uint8_t* out_tile = smem_out + warpgroup * kOutTileBytes;
+            // The previous tile's stores have read this buffer (issued a whole K loop ago).
+            // Barrier 8 + warpgroup over the warpgroup's 128 threads (ids 1-3 order the wgmma issue).
+            auto wg_bar = [&]() {
+              if (warpgroup == 0) ptx::named_bar_sync<8, 128>();
+              else if (warpgroup == 1) ptx::named_bar_sync<9, 128>();
+              else ptx::named_bar_sync<10, 128>();
+            };
+            if (wtid == 0) ptx::bulk_wait_group_read<0>();
+            wg_bar();
+            const float w0 = (p.row_weight && row0 < tile.m_end) ? p.row_weight[row0] : 1.0f;
+            const float w1 = (p.row_weight && row1 < tile.m_end) ? p.row_weight[row1] : 1.0f;
+            const int mat = lane >> 3, mat_row = (wtid >> 5) * 16 + ((mat & 1) << 3) + (lane & 7);
+            const uint32_t row_addr = ptx::smem_addr(out_tile) + static_cast<uint32_t>(mat_row * 128);
+            auto store_tile = [&](auto tag) {
+              using T = decltype(tag);
 #pragma unroll
-            for (int c = 0; c < BLOCK_N / 8; c += 2) {
-              uint32_t r[4];
+              for (int c = 0; c < BLOCK_N / 8; c += 2) {
+                uint32_t r[4];
 #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const float* v = result + (c + h) * 4;
-                r[2 * h] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[0], rs0), 0.0f), w0),
-                                        __fmul_rn(__fadd_rn(__fmul_rn(v[1], rs0), 0.0f), w0));
-                r[2 * h + 1] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[2], rs1), 0.0f), w1),
-                                            __fmul_rn(__fadd_rn(__fmul_rn(v[3], rs1), 0.0f), w1));
+                for (int h = 0; h < 2; ++h) {
+                  const float* v = result + (c + h) * 4;
+                  r[2 * h] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[0], rs0), 0.0f), w0),
+                                          __fmul_rn(__fadd_rn(__fmul_rn(v[1], rs0), 0.0f), w0));
+                  r[2 * h + 1] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[2], rs1), 0.0f), w1),
+                                              __fmul_rn(__fadd_rn(__fmul_rn(v[3], rs1), 0.0f), w1));
+                }
+                const int chunk = c + (mat >> 1);  // box chunk / 8, chunk % 8 inside it
+                const uint32_t addr = row_addr + static_cast<uint32_t>((chunk >> 3) * (64 * 128)) +
+                                      static_cast<uint32_t>((((chunk & 7) ^ (mat_row & 7)) << 4));
+                ptx::stmatrix_x4(addr, r[0], r[1], r[2], r[3]);
               }
-              const int chunk = c + (mat >> 1);  // box chunk / 8, chunk % 8 inside it
-              const uint32_t addr = row_addr + static_cast<uint32_t>((chunk >> 3) * (64 * 128)) +
-                                    static_cast<uint32_t>((((chunk & 7) ^ (mat_row & 7)) << 4));
-              ptx::stmatrix_x4(addr, r[0], r[1], r[2], r[3]);
-            }
-          };
-          if (p.out_dtype == OutDType::F16) store_tile(__half{});
-          else store_tile(__nv_bfloat16{});
-          ptx::fence_proxy_async_shared();
-          wg_bar();
-          if (wtid == 0) {
-            const int col_bytes = tile.n_block * BLOCK_N * 2, row = tile.m_row0 + warpgroup * 64;
+            };
+            if (p.out_dtype == OutDType::F16) store_tile(__half{});
+            else store_tile(__nv_bfloat16{});
+            ptx::fence_proxy_async_shared();
+            wg_bar();
+            if (wtid == 0) {
+              const int col_bytes = tile.n_block * BLOCK_N * 2, row = tile.m_row0 + warpgroup * 64;
 #pragma unroll
-            for (int box = 0; box < BLOCK_N / 64; ++box)
-              ptx::tma_store_2d(&tma_out, out_tile + box * (64 * 128), col_bytes + box * 128, row);
-            ptx::bulk_commit_group();
+              for (int box = 0; box < BLOCK_N / 64; ++box)
+                ptx::tma_store_2d(&tma_out, out_tile + box * (64 * 128), col_bytes + box * 128, row);
+              ptx::bulk_commit_group();
+            }
+            return;
           }
-          return;
-        }
         }
         if constexpr (kEpilogue == Epilogue::Store) {
           if (p.workspace) {
