@@ -14,7 +14,7 @@ namespace {
 
 // kSharedA: 2-CTA clusters over adjacent column blocks of one expert's rows, A multicast (the dense "c2a";
 // FINEGEMM_GROUPED_CLUSTER=1): the scheduler counts column-block pairs and `grid` counts clusters.
-// kTmaStore: the TMA-store epilogue (grouped_tma_store_ok; one stage fewer, tma_out over y), where a warpgroup's rows
+// kTmaStore: the TMA-store epilogue (tma_store_output_ok; one stage fewer, tma_out over y), where a warpgroup's rows
 // stay inside its expert's (the kernel falls back to the lean store where they run into the next expert's).
 template <int BLOCK_M, int BLOCK_N, int kStages, Epilogue kEpilogue, bool kSharedA = false, bool kTmaStore = false>
 void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const GemmParams& p, const GroupedLayout& layout,
