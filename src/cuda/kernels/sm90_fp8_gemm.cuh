@@ -44,6 +44,13 @@ inline constexpr int kSplitRuntime = -(1 << 20);
 // B's stages (1024-aligned, as the 128-byte swizzle wants).
 template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes = 0, bool kFp4B = false,
           int kOutBytes = 0>
+struct GemmSmem;
+// The TMA-store epilogue's staging buffer (GemmSmem's kOutBytes): one 64 x BLOCK_N tile of 16-bit outputs per consumer
+// warpgroup. The kernel lays its shared memory out with it and the launcher sizes the allocation with it.
+template <int BLOCK_M, int BLOCK_N>
+inline constexpr int kTmaStoreStagingBytes = (BLOCK_M / 64) * 64 * BLOCK_N * 2;
+
+template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, int kSchedulerBytes, bool kFp4B, int kOutBytes>
 struct GemmSmem {
   static constexpr int kSubs = kPromoteK == 0 ? 0 : kGemmBlockK / kPromoteK;
   // Promotion slices stored per stage: FP4 keeps four (the unfolded fallback promotes every 32).
@@ -243,8 +250,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   static_assert(!kTmaStore || (kEpilogue == Epilogue::Store && !kFp4B && BLOCK_N % 64 == 0 && BLOCK_N <= 192),
                 "TMA-store epilogue: dense Store, E4M3, tiles 64, 128 or 192 wide");
   constexpr int kOutTileBytes = 64 * BLOCK_N * 2;  // one consumer warpgroup's 16-bit outputs
-  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B,
-                        kTmaStore ? kNumConsumers * kOutTileBytes : 0>;
+  constexpr int kStagingBytes = kTmaStore ? kTmaStoreStagingBytes<BLOCK_M, BLOCK_N> : 0;
+  static_assert(!kTmaStore || kStagingBytes == kNumConsumers * kOutTileBytes, "TMA store: a staging tile per warpgroup");
+  using Smem = GemmSmem<BLOCK_M, BLOCK_N, kNumStages, kPromoteK, Scheduler::kSmemBytes, kFp4B, kStagingBytes>;
   constexpr int kSubs = Smem::kSubs;
   constexpr int kScaleSubs = Smem::kScaleSubs;
   constexpr bool kFold = Smem::kFold;
@@ -256,7 +264,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem_a + kNumStages * Smem::kStageA;
   uint8_t* smem_out = smem_b + kNumStages * Smem::kStageB;  // kTmaStore: the staging tiles
-  uint8_t* smem_raw_b = smem_out + (kTmaStore ? kNumConsumers * kOutTileBytes : 0);
+  uint8_t* smem_raw_b = smem_out + kStagingBytes;
   float* smem_scales = reinterpret_cast<float*>(smem_raw_b + kNumStages * Smem::kStageRawB);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_scales) + kNumStages * Smem::kStageScales);
   uint64_t* empty = full + kNumStages;

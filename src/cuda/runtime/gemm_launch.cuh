@@ -199,7 +199,7 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
   auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster, kShareA,
                                      kTmaStore>;
   constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes, kFp4B,
-                                 kTmaStore ? (BLOCK_M / 64) * 64 * BLOCK_N * 2 : 0>::kBytes;
+                                 kTmaStore ? kTmaStoreStagingBytes<BLOCK_M, BLOCK_N> : 0>::kBytes;
   constexpr int kThreads = 128 * (BLOCK_M / 64 + 1);
   static_assert(kSmem <= 232448, "shared memory: a tile config exceeds the 227 KB an sm_90 block can have");
   // The shared-memory attribute is per device: set it once on each device this process launches on.
