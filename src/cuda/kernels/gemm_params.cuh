@@ -83,6 +83,9 @@ struct GemmParams {
   // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop); 192-wide tiles likewise for
   // their two-scale patterns. On by default since stop 27 (5-7% at M = 4096); FINEGEMM_GEMM_HOIST_SPLIT=0 turns it off.
   bool hoist_split = true;
+  // FINEGEMM_GEMM_TRACE builds only (sm90_fp8_gemm.cuh): per-K-block clock stamps of CTA 0's consumer warpgroups and
+  // TMA thread, written here by the launcher's trace hook (gemm_launch.cuh). Null otherwise.
+  uint32_t* trace = nullptr;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while

@@ -212,6 +212,17 @@ __device__ __forceinline__ void promote_split(float (&total)[kNumTotal], const f
 // kTmaStore (the default where it applies; FINEGEMM_GEMM_TMA_STORE=0 turns it off): the dense Store epilogue through
 // shared memory and TMA stores of y (tma_out: y as bytes, boxes of 64 rows x 128 bytes, 128-byte swizzle); the host
 // takes it only where the lean epilogue serves (no split-K workspace, no column scale, no bias) with 16-bit output.
+// FINEGEMM_GEMM_TRACE (a build flag, off in every shipped build): CTA 0 records clock() at fixed points of its first
+// kGemmTraceIters K blocks, per consumer warpgroup (role 0..2) and for the TMA thread (role 3), 8 words per K block:
+// consumers: e0 loop top, e1 stage landed, e2 issue order passed, e3 wgmma committed, e4 wgmma complete, e5 promoted,
+// e6 released, e7 the tile index at a tile's first K block (else ~0); TMA thread: e0 before the empty wait, e1 after
+// it, e2 after the copies, e7 the tile index. scripts/gemm-trace summarises them.
+#ifndef FINEGEMM_GEMM_TRACE
+#define FINEGEMM_GEMM_TRACE 0
+#endif
+constexpr int kGemmTraceIters = 512;
+constexpr int kGemmTraceWords = 4 * kGemmTraceIters * 8;
+
 template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B,
           int kCluster = 1, bool kShareA = false, bool kTmaStore = false>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
@@ -404,8 +415,18 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             ptx::tma_prefetch_l2_2d(&tma_b, pf_kb * kGemmBlockK, pf_row1);
             pf_step();
           }
+#if FINEGEMM_GEMM_TRACE
+          const bool ptrace = p.trace != nullptr && blockIdx.x == 0 && iter < static_cast<uint32_t>(kGemmTraceIters);
+          if (ptrace) {
+            p.trace[(3 * kGemmTraceIters + iter) * 8 + 0] = static_cast<uint32_t>(clock());
+            p.trace[(3 * kGemmTraceIters + iter) * 8 + 7] = kb == tile.kb_begin ? static_cast<uint32_t>(t) : ~0u;
+          }
+#endif
           // Wait until the consumers released this stage (passes at once on the first lap).
           ptx::mbar_wait(&empty[stage], ((iter / kNumStages) & 1) ^ 1);
+#if FINEGEMM_GEMM_TRACE
+          if (ptrace) p.trace[(3 * kGemmTraceIters + iter) * 8 + 1] = static_cast<uint32_t>(clock());
+#endif
           if constexpr (kFp4B) {
             // A to its stage; packed B to the staging buffer, expanded by a loader warp (which then completes full).
             ptx::mbar_arrive_expect_tx(&full[stage], Smem::kStageA);
@@ -460,6 +481,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                 ptx::tma_load_2d(b_dst + (BLOCK_N / 2) * kGemmBlockK, &tma_b, &full[stage], kb * kGemmBlockK, b_row1);
             }
           }
+#if FINEGEMM_GEMM_TRACE
+          if (ptrace) p.trace[(3 * kGemmTraceIters + iter) * 8 + 2] = static_cast<uint32_t>(clock());
+#endif
         }
       }
     } else if (kPromote && warp >= 1) {
@@ -705,6 +729,20 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     const int quad = lane % 4;
     const int col_in_chunk = quad * 2;           // and +1, in every 8-column chunk
     const int row_in_tile = warpgroup * 64 + row_in_wg;
+#if FINEGEMM_GEMM_TRACE
+    const bool tracing = p.trace != nullptr && blockIdx.x == 0 && tid == 0;
+    int trace_i = 0;
+    auto stamp = [&](int e, uint32_t v) {
+      if (tracing && trace_i < kGemmTraceIters) p.trace[(warpgroup * kGemmTraceIters + trace_i) * 8 + e] = v;
+    };
+#define FG_TRACE(e) stamp(e, static_cast<uint32_t>(clock()))
+#define FG_TRACE_V(e, v) stamp(e, v)
+#define FG_TRACE_NEXT() (++trace_i)
+#else
+#define FG_TRACE(e) ((void)0)
+#define FG_TRACE_V(e, v) ((void)0)
+#define FG_TRACE_NEXT() ((void)0)
+#endif
 
     float acc[kNumAcc];
     float total[kPromote ? kNumTotal : 1];
@@ -762,6 +800,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       if (pending) ptx::wgmma_wait<1>();
       else ptx::wgmma_wait<0>();
       ptx::fence_operands(a);
+      FG_TRACE(4);
       // E4M3 B with 128-wide promotion only (the FP4 kernels keep their register allocation).
       const bool released = kPromoteK == 128 && !kFp4B && release_early &&
                             (b_split == kSplitNone || b_split == 8 || b_split == 16);
@@ -918,8 +957,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         }
         if (!double_acc) {
           for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
+            FG_TRACE(0);
+            FG_TRACE_V(7, kb == tile.kb_begin ? static_cast<uint32_t>(t) : ~0u);
             // Wait for the stage's TMA loads and scales.
             ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+            FG_TRACE(1);
             const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
             const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
             bool released = false;
@@ -932,6 +974,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 #pragma unroll
                 for (int ch = 0; ch < kNChunks; ++ch) {
                   order_before_issue();
+                  FG_TRACE(2);
                   ptx::fence_operands(acc);
                   ptx::wgmma_fence();
 #pragma unroll
@@ -943,9 +986,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                   }
                   ptx::wgmma_commit();
                   order_after_issue();
+                  FG_TRACE(3);
                   // Early release only where this group is the stage's last (one slice, one chunk).
                   released = promote_slice(acc, stage, sub, ch, split, false,
                                            kSlices == 1 && kNChunks == 1 && p.early_release);
+                  FG_TRACE(5);
                 }
               }
             };
@@ -959,6 +1004,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             if (!released) {
               release(stage);
             }
+            FG_TRACE(6);
+            FG_TRACE_NEXT();
           }
         }
       };
@@ -1300,5 +1347,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   __trap();
 #endif
 }
+#undef FG_TRACE
+#undef FG_TRACE_V
+#undef FG_TRACE_NEXT
 
 }  // namespace finegemm::cuda

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
 #include "cuda/runtime/check.hpp"
@@ -186,6 +187,55 @@ inline int num_sms_of_device(int device) {
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+#if FINEGEMM_GEMM_TRACE
+// The trace hook of FINEGEMM_GEMM_TRACE builds (sm90_fp8_gemm.cuh): with FINEGEMM_GEMM_TRACE_FILE set, launch number
+// FINEGEMM_GEMM_TRACE_CALL (default 20, counted over the process's non-captured GEMM launches) gets a stamp buffer,
+// and its stamps are appended to the file after the launch (the stream is synchronised: a trace build times nothing).
+struct GemmTrace {
+  uint32_t* buf = nullptr;
+  bool active = false;
+};
+inline GemmTrace trace_begin(GemmParams& p, cudaStream_t stream) {
+  GemmTrace tr;
+  const char* file = std::getenv("FINEGEMM_GEMM_TRACE_FILE");
+  if (!file || !*file) return tr;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+  if (cap != cudaStreamCaptureStatusNone) return tr;
+  static int calls = 0;
+  const char* which = std::getenv("FINEGEMM_GEMM_TRACE_CALL");
+  const int want = which && *which ? std::atoi(which) : 20;
+  if (calls++ != want) return tr;
+  static uint32_t* buf = nullptr;
+  if (!buf) FG_CUDA_CHECK(cudaMalloc(&buf, kGemmTraceWords * sizeof(uint32_t)));
+  FG_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, kGemmTraceWords * sizeof(uint32_t), stream));
+  p.trace = buf;
+  tr.buf = buf;
+  tr.active = true;
+  return tr;
+}
+inline void trace_end(const GemmTrace& tr, const GemmParams& p, cudaStream_t stream, int block_m, int block_n, int stages,
+                      int cluster, int grid) {
+  if (!tr.active) return;
+  std::vector<uint32_t> host(kGemmTraceWords);
+  FG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  FG_CUDA_CHECK(cudaMemcpy(host.data(), tr.buf, host.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  FILE* f = std::fopen(std::getenv("FINEGEMM_GEMM_TRACE_FILE"), "a");
+  if (!f) return;
+  std::fprintf(f, "# trace m=%d n=%d k=%d tile=%dx%d stages=%d cluster=%d grid=%d\n", p.m, p.n, p.k, block_m, block_n,
+               stages, cluster, grid);
+  for (int role = 0; role < 4; ++role)
+    for (int i = 0; i < kGemmTraceIters; ++i) {
+      const uint32_t* e = host.data() + (role * kGemmTraceIters + i) * 8;
+      if (e[0] == ~0u && e[1] == ~0u) continue;
+      std::fprintf(f, "%d %d", role, i);
+      for (int j = 0; j < 8; ++j) std::fprintf(f, " %lld", e[j] == ~0u ? -1ll : static_cast<long long>(e[j]));
+      std::fprintf(f, "\n");
+    }
+  std::fclose(f);
+}
+#endif
+
 // kCluster = 2: clusters of two CTAs sharing B through TMA multicast. The grid is then as many clusters as fit on
 // the device at once (cudaOccupancyMaxActiveClusters: an SM pair must sit in one GPC), never more: the kernel is
 // persistent, and a second wave of clusters would double the time.
@@ -194,8 +244,14 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 // kTmaStore: the TMA-store epilogue (tma_out: y as bytes, make_tma_2d(out, M, 2N, 2 ldo, 64)).
 template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B = false,
           int kCluster = 1, bool kShareA = false, bool kTmaStore = false>
-inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p, const Scheduler& sched,
+inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p_in, const Scheduler& sched,
                    int grid, cudaStream_t stream, const CUtensorMap& tma_out = CUtensorMap{}) {
+#if FINEGEMM_GEMM_TRACE
+  GemmParams p = p_in;
+  const GemmTrace trace = trace_begin(p, stream);
+#else
+  const GemmParams& p = p_in;
+#endif
   auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster, kShareA,
                                      kTmaStore>;
   constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes, kFp4B,
@@ -241,6 +297,9 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
     FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, tma_out, p, sched));
   }
   FG_CUDA_CHECK(cudaGetLastError());
+#if FINEGEMM_GEMM_TRACE
+  trace_end(trace, p, stream, BLOCK_M, BLOCK_N, kStages, kCluster, grid);
+#endif
 }
 
 }  // namespace finegemm::cuda
