@@ -731,17 +731,22 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     const int row_in_tile = warpgroup * 64 + row_in_wg;
 #if FINEGEMM_GEMM_TRACE
     const bool tracing = p.trace != nullptr && blockIdx.x == 0 && tid == 0;
-    int trace_i = 0;
+    // K-block counters of the issue side (e0..e3, e7) and the promotion side (e4..e6): the double-accumulator loop
+    // issues a K block before it promotes the previous one.
+    int trace_ii = 0, trace_if = 0;
     auto stamp = [&](int e, uint32_t v) {
-      if (tracing && trace_i < kGemmTraceIters) p.trace[(warpgroup * kGemmTraceIters + trace_i) * 8 + e] = v;
+      const int i = e <= 3 || e == 7 ? trace_ii : trace_if;
+      if (tracing && i < kGemmTraceIters) p.trace[(warpgroup * kGemmTraceIters + i) * 8 + e] = v;
     };
 #define FG_TRACE(e) stamp(e, static_cast<uint32_t>(clock()))
 #define FG_TRACE_V(e, v) stamp(e, v)
-#define FG_TRACE_NEXT() (++trace_i)
+#define FG_TRACE_NEXT_ISSUE() (++trace_ii)
+#define FG_TRACE_NEXT_FINISH() (++trace_if)
 #else
 #define FG_TRACE(e) ((void)0)
 #define FG_TRACE_V(e, v) ((void)0)
-#define FG_TRACE_NEXT() ((void)0)
+#define FG_TRACE_NEXT_ISSUE() ((void)0)
+#define FG_TRACE_NEXT_FINISH() ((void)0)
 #endif
 
     float acc[kNumAcc];
@@ -916,8 +921,11 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
             // issued after it may still run. Then release the stage.
             auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
-              if (promote_slice(a, st, 0, 0, split, pending, p.early_release)) return;
-              release(st);
+              const bool early = promote_slice(a, st, 0, 0, split, pending, p.early_release);
+              FG_TRACE(5);
+              if (!early) release(st);
+              FG_TRACE(6);
+              FG_TRACE_NEXT_FINISH();
             };
             // K blocks in runs of eight (p.double_acc_run == 8) and four, alternating the sets: every block's wgmma
             // but the run's last is issued before the previous block is promoted. Then single blocks, promoted after
@@ -925,14 +933,20 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // NOTE: no wgmma group may stay pending across a loop's back edge, nor behind a branch: ptxas (CUDA 13.0)
             // then serializes every wgmma of the kernel (C7514: a running set stayed pending into the next
             // iteration, or its issue was conditional).
+            int kb = tile.kb_begin;
             auto wait_issue = [&](float(&a)[kNumAcc]) {
+              FG_TRACE(0);
+              FG_TRACE_V(7, kb == tile.kb_begin ? static_cast<uint32_t>(t) : ~0u);
               ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+              FG_TRACE(1);
+              FG_TRACE(2);
               const int st = stage;
               issue(a, st);
+              FG_TRACE(3);
+              FG_TRACE_NEXT_ISSUE();
               advance();
               return st;
             };
-            int kb = tile.kb_begin;
             // Runs of R K blocks (R even, the inner loop fully unrolled: straight-line code for ptxas).
             auto runs = [&](auto r) {
               constexpr int R = decltype(r)::value;
@@ -1005,7 +1019,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
               release(stage);
             }
             FG_TRACE(6);
-            FG_TRACE_NEXT();
+            FG_TRACE_NEXT_ISSUE();
+            FG_TRACE_NEXT_FINISH();
           }
         }
       };
@@ -1349,6 +1364,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
 }
 #undef FG_TRACE
 #undef FG_TRACE_V
-#undef FG_TRACE_NEXT
+#undef FG_TRACE_NEXT_ISSUE
+#undef FG_TRACE_NEXT_FINISH
 
 }  // namespace finegemm::cuda
