@@ -731,15 +731,18 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     const int row_in_tile = warpgroup * 64 + row_in_wg;
 #if FINEGEMM_GEMM_TRACE
     const bool tracing = p.trace != nullptr && blockIdx.x == 0 && tid == 0;
-    // K-block counters of the issue side (e0..e3, e7) and the promotion side (e4..e6): the double-accumulator loop
-    // issues a K block before it promotes the previous one.
+    // K-block counters of the issue side (e0..e3, e7) and the promotion side (e4..e6). NOTE: the double-accumulator
+    // loop is not stamped: its lambdas grew past inlining and ptxas serialised every wgmma of the 128x128 kernels
+    // (C7510); trace 128-wide tiles with FINEGEMM_GEMM_DOUBLE_ACC=0.
     int trace_ii = 0, trace_if = 0;
-    auto stamp = [&](int e, uint32_t v) {
-      const int i = e <= 3 || e == 7 ? trace_ii : trace_if;
-      if (tracing && i < kGemmTraceIters) p.trace[(warpgroup * kGemmTraceIters + i) * 8 + e] = v;
-    };
-#define FG_TRACE(e) stamp(e, static_cast<uint32_t>(clock()))
-#define FG_TRACE_V(e, v) stamp(e, v)
+    // NOTE: macros, not a lambda: a called (not inlined) stamp serialises every wgmma of the kernel (ptxas C7510).
+#define FG_TRACE_V(e, v)                                                                   \
+  do {                                                                                     \
+    const int trace_at_ = (e) <= 3 || (e) == 7 ? trace_ii : trace_if;                      \
+    if (tracing && trace_at_ < kGemmTraceIters)                                            \
+      p.trace[(warpgroup * kGemmTraceIters + trace_at_) * 8 + (e)] = static_cast<uint32_t>(v); \
+  } while (0)
+#define FG_TRACE(e) FG_TRACE_V(e, clock())
 #define FG_TRACE_NEXT_ISSUE() (++trace_ii)
 #define FG_TRACE_NEXT_FINISH() (++trace_if)
 #else
@@ -805,7 +808,6 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
       if (pending) ptx::wgmma_wait<1>();
       else ptx::wgmma_wait<0>();
       ptx::fence_operands(a);
-      FG_TRACE(4);
       // E4M3 B with 128-wide promotion only (the FP4 kernels keep their register allocation).
       const bool released = kPromoteK == 128 && !kFp4B && release_early &&
                             (b_split == kSplitNone || b_split == 8 || b_split == 16);
@@ -921,11 +923,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // Promote set `a` (the K block of stage st) once its group is complete: with `pending`, the one group
             // issued after it may still run. Then release the stage.
             auto finish = [&](float(&a)[kNumAcc], int st, bool pending) {
-              const bool early = promote_slice(a, st, 0, 0, split, pending, p.early_release);
-              FG_TRACE(5);
-              if (!early) release(st);
-              FG_TRACE(6);
-              FG_TRACE_NEXT_FINISH();
+              if (promote_slice(a, st, 0, 0, split, pending, p.early_release)) return;
+              release(st);
             };
             // K blocks in runs of eight (p.double_acc_run == 8) and four, alternating the sets: every block's wgmma
             // but the run's last is issued before the previous block is promoted. Then single blocks, promoted after
@@ -935,15 +934,9 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             // iteration, or its issue was conditional).
             int kb = tile.kb_begin;
             auto wait_issue = [&](float(&a)[kNumAcc]) {
-              FG_TRACE(0);
-              FG_TRACE_V(7, kb == tile.kb_begin ? static_cast<uint32_t>(t) : ~0u);
               ptx::mbar_wait_shared(full_addr + stage * 8, phase);
-              FG_TRACE(1);
-              FG_TRACE(2);
               const int st = stage;
               issue(a, st);
-              FG_TRACE(3);
-              FG_TRACE_NEXT_ISSUE();
               advance();
               return st;
             };
@@ -1002,6 +995,13 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                   order_after_issue();
                   FG_TRACE(3);
                   // Early release only where this group is the stage's last (one slice, one chunk).
+#if FINEGEMM_GEMM_TRACE
+                  // The trace's e4 (the group complete), at the cost of the scale loads' latency after it.
+                  // NOTE: not inside promote_slice: the bigger lambda was called, not inlined, which serialised every
+                  // wgmma of the kernel (ptxas C7510).
+                  ptx::wgmma_wait<0>();
+                  FG_TRACE(4);
+#endif
                   released = promote_slice(acc, stage, sub, ch, split, false,
                                            kSlices == 1 && kNChunks == 1 && p.early_release);
                   FG_TRACE(5);
