@@ -83,6 +83,15 @@ struct GemmParams {
   // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop); 192-wide tiles likewise for
   // their two-scale patterns. On by default since stop 27 (5-7% at M = 4096); FINEGEMM_GEMM_HOIST_SPLIT=0 turns it off.
   bool hoist_split = true;
+  // Single-accumulator K loops with 128-wide promotion (192x128 tiles; 128-wide ones with FINEGEMM_GEMM_DOUBLE_ACC=0):
+  // the wait for K block kb's stage comes before the wait for kb-1's wgmma group, whose promotion then runs right
+  // before kb's issue (cuBLASLt's order), in straight-line runs of four K blocks (sm90_fp8_gemm.cuh). Stop 34's trace
+  // (scripts/gemm-trace) had a consumer warpgroup's own chain per K block (stage wait, issue, group wait, promotion,
+  // release) at twice the tensor work it feeds. FINEGEMM_GEMM_LOOKAHEAD=1 (off until measured).
+  bool lookahead = false;
+  // With lookahead: K block kb-1's stage is released after kb's issue instead of before it, off the warpgroup's
+  // chain (the cluster kernels' remote arrival cost ~100 cycles there). FINEGEMM_GEMM_DEFER_RELEASE=1 (off).
+  bool defer_release = false;
   // FINEGEMM_GEMM_TRACE builds only (sm90_fp8_gemm.cuh): per-K-block clock stamps of CTA 0's consumer warpgroups and
   // TMA thread, written here by the launcher's trace hook (gemm_launch.cuh). Null otherwise.
   uint32_t* trace = nullptr;

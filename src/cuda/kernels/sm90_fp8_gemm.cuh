@@ -962,7 +962,51 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
             for (; kb < tile.kb_end; ++kb) finish(acc, wait_issue(acc), false);
           }
         }
-        if (!double_acc) {
+        bool looked_ahead = false;
+        if constexpr (kSubs == 1 && kNChunks == 1 && !kFold && kPromoteK == 128 && !kFp4B) {
+          if (!double_acc && p.lookahead) {
+            // Lookahead (GemmParams::lookahead): wait for K block kb's stage while kb-1's wgmma group still runs, then
+            // wait for that group, promote it and issue kb (cuBLASLt's order): the stage wait leaves the warpgroup's
+            // chain between two of its groups. With defer_release the stage of kb-1 goes back after kb's issue.
+            // NOTE: in straight-line runs of four K blocks, the last group of a run completed before the back edge
+            // (a group pending across a loop's back edge made ptxas serialise every wgmma of the kernel: C7514).
+            looked_ahead = true;
+            int kb = tile.kb_begin;
+            auto runs = [&](auto r) {
+              constexpr int R = decltype(r)::value;
+              for (; kb + R - 1 < tile.kb_end; kb += R) {
+                int prev = 0;
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                  ptx::mbar_wait_shared(full_addr + stage * 8, phase);
+                  bool prev_released = false;
+                  if (j > 0) {
+                    prev_released = promote_slice(acc, prev, 0, 0, split, false, p.early_release);
+                    if (!prev_released && !p.defer_release) release(prev);
+                  }
+                  const uint32_t desc_a = desc_a0 + stage * (Smem::kStageA >> 4);
+                  const uint32_t desc_b = desc_b0 + stage * (Smem::kStageB >> 4);
+                  order_before_issue();
+                  ptx::fence_operands(acc);
+                  ptx::wgmma_fence();
+#pragma unroll
+                  for (int s = 0; s < kGemmBlockK / 32; ++s)
+                    Mma::mma(ptx::desc_from_words(desc_a + (s * 32 >> 4), kDescHi),
+                             ptx::desc_from_words(desc_b + (s * 32 >> 4), kDescHi), acc, s > 0);
+                  ptx::wgmma_commit();
+                  order_after_issue();
+                  if (j > 0 && !prev_released && p.defer_release) release(prev);
+                  prev = stage;
+                  advance();
+                }
+                if (!promote_slice(acc, prev, 0, 0, split, false, p.early_release)) release(prev);
+              }
+            };
+            runs(std::integral_constant<int, 4>{});
+            runs(std::integral_constant<int, 1>{});
+          }
+        }
+        if (!double_acc && !looked_ahead) {
           for (int kb = tile.kb_begin; kb < tile.kb_end; ++kb, advance()) {
             FG_TRACE(0);
             FG_TRACE_V(7, kb == tile.kb_begin ? static_cast<uint32_t>(t) : ~0u);
