@@ -83,7 +83,8 @@ struct GemmParams {
   // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop); 192-wide tiles likewise for
   // their two-scale patterns. On by default since stop 27 (5-7% at M = 4096); FINEGEMM_GEMM_HOIST_SPLIT=0 turns it off.
   bool hoist_split = true;
-  // Single-accumulator K loops with 128-wide promotion (192x128 tiles; 128-wide ones with FINEGEMM_GEMM_DOUBLE_ACC=0):
+  // Single-accumulator K loops with 128-wide promotion (192x128, 128x192, 64-row tiles; not the kernels that also hold
+  // a two-accumulator loop, where the added loop made ptxas serialise the wgmma):
   // the wait for K block kb's stage comes before the wait for kb-1's wgmma group, whose promotion then runs right
   // before kb's issue (cuBLASLt's order), in straight-line runs of four K blocks (sm90_fp8_gemm.cuh). Stop 34's trace
   // (scripts/gemm-trace) had a consumer warpgroup's own chain per K block (stage wait, issue, group wait, promotion,
