@@ -539,7 +539,7 @@ TEST_F(CudaTest, EarlyReleaseSameBits) {
                           {recipes[0], recipes[1], recipes[7], recipes[9]}, 8192);
 }
 
-// The lookahead K loop (FINEGEMM_GEMM_LOOKAHEAD, on by default since stop 34; compared with =0): the single-accumulator loops wait for the next
+// The lookahead K loop (FINEGEMM_GEMM_LOOKAHEAD: =1 everywhere it serves against =0; the default takes it for 192-row tiles): the single-accumulator loops wait for the next
 // stage before the current wgmma group and promote it right before the next issue, in runs of four K blocks; the
 // same arithmetic in the same order, so the same bits. Every kernel it serves (not those with two accumulator sets):
 // 192x128 alone, in pairs sharing B or A and in 2x2 blocks, 128x192, 64x128, 64x64; with the stage released after

@@ -88,9 +88,11 @@ struct GemmParams {
   // the wait for K block kb's stage comes before the wait for kb-1's wgmma group, whose promotion then runs right
   // before kb's issue (cuBLASLt's order), in straight-line runs of four K blocks (sm90_fp8_gemm.cuh). Stop 34's trace
   // (scripts/gemm-trace) had a consumer warpgroup's own chain per K block (stage wait, issue, group wait, promotion,
-  // release) at twice the tensor work it feeds. On by default since stop 34 (192x128 pairs 2-3.5% faster at M = 4096:
-  // N = 7168 K = 16384 872 -> 843 us, N = 24576 K = 1536 289 -> 281); FINEGEMM_GEMM_LOOKAHEAD=0 turns it off.
-  bool lookahead = true;
+  // release) at twice the tensor work it feeds. -1 (the default since stop 34): 192-row tiles only (three consumer
+  // warpgroups: 2-4% faster at M = 4096, e.g. N = 7168 K = 16384 872 -> 843 us, N = 24576 K = 1536 289 -> 281); 1
+  // (FINEGEMM_GEMM_LOOKAHEAD=1): every kernel it serves (64-row tiles measured 5-13% slower at short K, 128x192 at
+  // M = 128 N = 24576 K = 1536 15.9 -> 20.5 us); 0 (=0): none.
+  int lookahead = -1;
   // With lookahead: K block kb-1's stage is released after kb's issue instead of before it, off the warpgroup's
   // chain (the cluster kernels' remote arrival cost ~100 cycles there). FINEGEMM_GEMM_DEFER_RELEASE=1 (off).
   bool defer_release = false;

@@ -966,7 +966,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         // NOTE: not in the kernels with two accumulator sets (128x128, 128x64): with both loops their promotion was
         // called, not inlined, and ptxas serialised every wgmma of the kernel (C7510).
         if constexpr (kSubs == 1 && kNChunks == 1 && !kFold && kPromoteK == 128 && !kFp4B && !kDoubleAcc) {
-          if (!double_acc && p.lookahead) {
+          if (!double_acc && (p.lookahead > 0 || (p.lookahead < 0 && kNumConsumers == 3))) {
             // Lookahead (GemmParams::lookahead): wait for K block kb's stage while kb-1's wgmma group still runs, then
             // wait for that group, promote it and issue kb (cuBLASLt's order): the stage wait leaves the warpgroup's
             // chain between two of its groups. With defer_release the stage of kb-1 goes back after kb's issue.

@@ -144,7 +144,10 @@ inline void apply_env_switches(GemmParams& p, bool grouped = false) {
   p.early_release = env_switch("FINEGEMM_GEMM_EARLY_RELEASE", false);
   p.thread_release = env_switch("FINEGEMM_GEMM_THREAD_RELEASE", true);
   p.hoist_split = env_switch("FINEGEMM_GEMM_HOIST_SPLIT", true);
-  p.lookahead = env_switch("FINEGEMM_GEMM_LOOKAHEAD", true);
+  {  // -1 (unset): 192-row tiles only
+    const char* la = std::getenv("FINEGEMM_GEMM_LOOKAHEAD");
+    p.lookahead = la && (*la == '0' || *la == '1') ? *la - '0' : -1;
+  }
   p.defer_release = env_switch("FINEGEMM_GEMM_DEFER_RELEASE", false);
   if (const char* d = std::getenv("FINEGEMM_GEMM_L2_PREFETCH"); d && *d) p.l2_prefetch = std::max(0, std::min(64, std::atoi(d)));
   const int64_t out_elem = p.out_dtype == OutDType::F32 ? 4 : 2;
