@@ -561,6 +561,39 @@ TEST_F(CudaTest, LookaheadSameBits) {
   }
 }
 
+// 128x128 tiles from the kernels compiled with one accumulator set (FINEGEMM_GEMM_ONE_ACC=1, off by default), which
+// take the lookahead loop with pingpong issue, against the default kernels' two sets: the same arithmetic in the same
+// order, so the same bits. Alone and in pairs sharing B (F32 output: the lean store) and the TMA-store kernel (BF16),
+// with the lookahead (their default) and without it (FINEGEMM_GEMM_LOOKAHEAD=0); K = 2048 and 1408 (runs of four and
+// single blocks); M = 300 gives CTAs several tiles; the pairs' run is checked against the reference once per recipe.
+TEST_F(CudaTest, OneAccumulatorSameBits) {
+  const auto recipes = all_recipes();
+  const std::vector<NamedRecipe> kinds = {recipes[0], recipes[1], recipes[7], recipes[9]};
+  for (const char* lookahead : {"", "0"}) {
+    const ScopedEnv la("FINEGEMM_GEMM_LOOKAHEAD", lookahead);
+    for (const auto& recipe : kinds) {
+      if (cuda::promotion_k(recipe.weight, recipe.activation) % 128 != 0) continue;
+      for (int64_t k : {2048, 1408}) {
+        for (const char* config : {"128x128:1", "128x128:1c2"}) {
+          for (DType out : {DType::F32, DType::BF16}) {
+            const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+            const int64_t m = 300, n = 1000;
+            LinearCase c = make_case(recipe, m, n, k, DType::BF16, out, false);
+            const SwitchRuns runs = run_with_switch("FINEGEMM_GEMM_ONE_ACC", c.args);
+            EXPECT_TRUE(runs.same_bits()) << config << " lookahead='" << lookahead << "' " << recipe.name << " k=" << k
+                                          << " out=" << dtype_name(out);
+            if (*lookahead || k != 1408 || out != DType::BF16 || std::string(config) != "128x128:1c2") continue;
+            const Buffer ref = run_reference(c.args, out, m, n);
+            const auto cmp = testing::compare(runs.on, ref);
+            EXPECT_EQ(cmp.non_finite, 0) << recipe.name;
+            EXPECT_LE(cmp.rel, 3e-3) << recipe.name;
+          }
+        }
+      }
+    }
+  }
+}
+
 // One stage release per consumer thread (FINEGEMM_GEMM_THREAD_RELEASE, on by default since stop 32) or one per warp after
 // __syncwarp: the same arithmetic, so the same bits. Every kernel shape that releases stages: 192x128 alone, in pairs
 // sharing B and A and in 2x2 blocks (the peers' arrivals stay one per warp), 128x128 with two accumulator sets and with

@@ -93,6 +93,10 @@ struct GemmParams {
   // (FINEGEMM_GEMM_LOOKAHEAD=1): every kernel it serves (64-row tiles measured 5-13% slower at short K, 128x192 at
   // M = 128 N = 24576 K = 1536 15.9 -> 20.5 us); 0 (=0): none.
   int lookahead = -1;
+  // Dense 128x128 tiles (alone, in pairs sharing B, and the TMA-store kernel) from kernels compiled with one
+  // accumulator set only (kOneAcc), which take the lookahead by default (unless FINEGEMM_GEMM_LOOKAHEAD=0), with
+  // pingpong issue: cuBLASLt's loop. FINEGEMM_GEMM_ONE_ACC=1 (off; written at stop 34, not yet run on the H200).
+  bool one_acc = false;
   // With lookahead: K block kb-1's stage is released after kb's issue instead of before it, off the warpgroup's
   // chain (the cluster kernels' remote arrival cost ~100 cycles there). FINEGEMM_GEMM_DEFER_RELEASE=1 (off).
   bool defer_release = false;

@@ -223,8 +223,10 @@ __device__ __forceinline__ void promote_split(float (&total)[kNumTotal], const f
 constexpr int kGemmTraceIters = 512;
 constexpr int kGemmTraceWords = 4 * kGemmTraceIters * 8;
 
+// kOneAcc: a 128-wide two-consumer tile compiled with one accumulator set only (no two-set loop), so that it can
+// take the lookahead loop (GemmParams::one_acc; with both loops in one kernel ptxas outlined the promotion).
 template <int BLOCK_M, int BLOCK_N, int kNumStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B,
-          int kCluster = 1, bool kShareA = false, bool kTmaStore = false>
+          int kCluster = 1, bool kShareA = false, bool kTmaStore = false, bool kOneAcc = false>
 __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     sm90_fp8_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, const GemmParams p, const Scheduler scheduler_arg) {
@@ -757,7 +759,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
     // Double accumulators (p.double_acc, kDoubleAcc kernels): the wgmma of K block kb + 1 runs into the second set
     // while kb's result is promoted, so that a warpgroup always has a wgmma group in flight. Two consumer warpgroups
     // at 224 registers hold the 64-register total and two 64-register accumulators of a 128-wide tile.
-    constexpr bool kDoubleAcc = kPromoteK == 128 && kNumConsumers == 2 && kNChunks == 1 && BLOCK_N <= 128 && !kFp4B;
+    constexpr bool kDoubleAcc = kPromoteK == 128 && kNumConsumers == 2 && kNChunks == 1 && BLOCK_N <= 128 && !kFp4B && !kOneAcc;
     float acc2[kDoubleAcc ? kNumAcc : 1];
     // The ring position: stage and the parity of its current lap (running counters: no division in the loop).
     int stage = 0;
@@ -966,7 +968,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         // NOTE: not in the kernels with two accumulator sets (128x128, 128x64): with both loops their promotion was
         // called, not inlined, and ptxas serialised every wgmma of the kernel (C7510).
         if constexpr (kSubs == 1 && kNChunks == 1 && !kFold && kPromoteK == 128 && !kFp4B && !kDoubleAcc) {
-          if (!double_acc && (p.lookahead > 0 || (p.lookahead < 0 && kNumConsumers == 3))) {
+          if (!double_acc && (p.lookahead > 0 || (p.lookahead < 0 && (kNumConsumers == 3 || kOneAcc)))) {
             // Lookahead (GemmParams::lookahead): wait for K block kb's stage while kb-1's wgmma group still runs, then
             // wait for that group, promote it and issue kb (cuBLASLt's order): the stage wait leaves the warpgroup's
             // chain between two of its groups. With defer_release the stage of kb-1 goes back after kb's issue.

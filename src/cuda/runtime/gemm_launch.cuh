@@ -144,6 +144,7 @@ inline void apply_env_switches(GemmParams& p, bool grouped = false) {
   p.early_release = env_switch("FINEGEMM_GEMM_EARLY_RELEASE", false);
   p.thread_release = env_switch("FINEGEMM_GEMM_THREAD_RELEASE", true);
   p.hoist_split = env_switch("FINEGEMM_GEMM_HOIST_SPLIT", true);
+  p.one_acc = env_switch("FINEGEMM_GEMM_ONE_ACC", false);
   {  // -1 (unset): 192-row tiles only
     const char* la = std::getenv("FINEGEMM_GEMM_LOOKAHEAD");
     p.lookahead = la && (*la == '0' || *la == '1') ? *la - '0' : -1;
@@ -248,7 +249,7 @@ inline void trace_end(const GemmTrace& tr, const GemmParams& p, cudaStream_t str
 // blocks sharing A and B, `grid` counts them (four SMs of one GPC each).
 // kTmaStore: the TMA-store epilogue (tma_out: y as bytes, make_tma_2d(out, M, 2N, 2 ldo, 64)).
 template <int BLOCK_M, int BLOCK_N, int kStages, int kPromoteK, Epilogue kEpilogue, typename Scheduler, bool kFp4B = false,
-          int kCluster = 1, bool kShareA = false, bool kTmaStore = false>
+          int kCluster = 1, bool kShareA = false, bool kTmaStore = false, bool kOneAcc = false>
 inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const GemmParams& p_in, const Scheduler& sched,
                    int grid, cudaStream_t stream, const CUtensorMap& tma_out = CUtensorMap{}) {
 #if FINEGEMM_GEMM_TRACE
@@ -258,7 +259,7 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
   const GemmParams& p = p_in;
 #endif
   auto kernel = sm90_fp8_gemm_kernel<BLOCK_M, BLOCK_N, kStages, kPromoteK, kEpilogue, Scheduler, kFp4B, kCluster, kShareA,
-                                     kTmaStore>;
+                                     kTmaStore, kOneAcc>;
   constexpr int kSmem = GemmSmem<BLOCK_M, BLOCK_N, kStages, kPromoteK, Scheduler::kSmemBytes, kFp4B,
                                  kTmaStore ? kTmaStoreStagingBytes<BLOCK_M, BLOCK_N> : 0>::kBytes;
   constexpr int kThreads = 128 * (BLOCK_M / 64 + 1);

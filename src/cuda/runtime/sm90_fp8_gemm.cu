@@ -90,7 +90,12 @@ void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap
     if constexpr (kPromoteK != 32) {
       if (c.block_m == 192 && c.block_n == 128)
         return launch_kernel<192, 128, 5, kPromoteK, kStore, NormalScheduler<384>, false, 2>(a, b, p, s384, c.grid, stream);
-      if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
+      if (c.block_m == 128 && c.block_n == 128) {
+        if constexpr (kPromoteK == 128)
+          if (p.one_acc)
+            return launch_kernel<128, 128, 6, 128, kStore, S256, false, 2, false, false, true>(a, b, p, s256, c.grid, stream);
+        return launch_kernel<128, 128, 6, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
+      }
       if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
       if (c.block_m == 128 && c.block_n == 256) return launch_kernel<128, 256, 4, kPromoteK, kStore, S256, false, 2>(a, b, p, s256, c.grid, stream);
     }
@@ -103,7 +108,12 @@ void dispatch_dense(const GemmConfig& c, const CUtensorMap& a, const CUtensorMap
   if constexpr (kPromoteK != 32) {
     if (c.block_m == 192 && c.block_n == 128) return launch_kernel<192, 128, 5, kPromoteK, kStore>(a, b, p, s192, c.grid, stream);
   }
-  if (c.block_m == 128 && c.block_n == 128) return launch_kernel<128, 128, 6, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
+  if (c.block_m == 128 && c.block_n == 128) {
+    if constexpr (kPromoteK == 128)
+      if (p.one_acc)
+        return launch_kernel<128, 128, 6, 128, kStore, NormalScheduler<128>, false, 1, false, false, true>(a, b, p, s128, c.grid, stream);
+    return launch_kernel<128, 128, 6, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
+  }
   if (c.block_m == 128 && c.block_n == 192) return launch_kernel<128, 192, 5, kPromoteK, kStore>(a, b, p, s128, c.grid, stream);
   // 128x256: no 32-wide promotion (two n128 halves with four slices each would spill).
   if constexpr (kPromoteK != 32) {
@@ -458,6 +468,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     using S128 = NormalScheduler<128>;
     if (c.block_m == 128 && c.block_n == 64)
       launch_kernel<128, 64, 8, 128, kStore, S128, false, 1, false, true>(tma_a, tma_b, p, s128, c.grid, stream, tma_out);
+    else if (c.block_m == 128 && c.block_n == 128 && p.one_acc)
+      launch_kernel<128, 128, 5, 128, kStore, S128, false, 1, false, true, true>(tma_a, tma_b, p, s128, c.grid, stream, tma_out);
     else if (c.block_m == 128 && c.block_n == 128)
       launch_kernel<128, 128, 5, 128, kStore, S128, false, 1, false, true>(tma_a, tma_b, p, s128, c.grid, stream, tma_out);
     else if (c.block_m == 128)
