@@ -83,15 +83,16 @@ struct GemmParams {
   // K block tests which promotion variant applies (sm90_fp8_gemm.cuh, promoted_k_loop); 192-wide tiles likewise for
   // their two-scale patterns. On by default since stop 27 (5-7% at M = 4096); FINEGEMM_GEMM_HOIST_SPLIT=0 turns it off.
   bool hoist_split = true;
-  // Single-accumulator K loops with 128-wide promotion (192x128, 128x192, 64-row tiles; not the kernels that also hold
-  // a two-accumulator loop, where the added loop made ptxas serialise the wgmma):
+  // Single-accumulator K loops with 128-wide promotion (192x128, 64-row tiles, the one-set 128x128 kernels; not the
+  // kernels that also hold a two-accumulator loop, where the added loop made ptxas serialise the wgmma, nor 128x192,
+  // which it made spill):
   // the wait for K block kb's stage comes before the wait for kb-1's wgmma group, whose promotion then runs right
   // before kb's issue (cuBLASLt's order), in straight-line runs of four K blocks (sm90_fp8_gemm.cuh). Stop 34's trace
   // (scripts/gemm-trace) had a consumer warpgroup's own chain per K block (stage wait, issue, group wait, promotion,
   // release) at twice the tensor work it feeds. -1 (the default since stop 34): 192-row tiles only (three consumer
   // warpgroups: 2-4% faster at M = 4096, e.g. N = 7168 K = 16384 872 -> 843 us, N = 24576 K = 1536 289 -> 281); 1
-  // (FINEGEMM_GEMM_LOOKAHEAD=1): every kernel it serves (64-row tiles measured 5-13% slower at short K, 128x192 at
-  // M = 128 N = 24576 K = 1536 15.9 -> 20.5 us); 0 (=0): none.
+  // (FINEGEMM_GEMM_LOOKAHEAD=1): every kernel it serves (64-row tiles measured 5-13% slower at short K; 128x192, at
+  // M = 128 N = 24576 K = 1536 15.9 -> 20.5 us, no longer compiles it); 0 (=0): none.
   int lookahead = -1;
   // Dense 128x128 tiles (alone, in pairs sharing B, and the TMA-store kernel) from kernels compiled with one
   // accumulator set only (kOneAcc), which take the lookahead by default (unless FINEGEMM_GEMM_LOOKAHEAD=0), with
