@@ -968,8 +968,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         // NOTE: not in the kernels with two accumulator sets (128x128, 128x64): with both loops their promotion was
         // called, not inlined, and ptxas serialised every wgmma of the kernel (C7510). Not in 128x192 either: with it
         // that kernel (96 + 96 accumulators) spilled 120 bytes; 192x128 spills 88-104 bytes with it (0 without) and
-        // still measured 2-4% faster (stop 34).
-        if constexpr (kSubs == 1 && kNChunks == 1 && !kFold && kPromoteK == 128 && !kFp4B && !kDoubleAcc && BLOCK_N <= 128) {
+        // still measured 2-4% faster (stop 34). Not in the grouped (MoE) kernels: they spill as much with it, and their
+        // speed with it is not measured yet (Scheduler::kSmemBytes: the grouped scheduler's tables).
+        if constexpr (kSubs == 1 && kNChunks == 1 && !kFold && kPromoteK == 128 && !kFp4B && !kDoubleAcc && BLOCK_N <= 128 &&
+                      Scheduler::kSmemBytes == 0) {
           if (!double_acc && (p.lookahead > 0 || (p.lookahead < 0 && (kNumConsumers == 3 || kOneAcc)))) {
             // Lookahead (GemmParams::lookahead): wait for K block kb's stage while kb-1's wgmma group still runs, then
             // wait for that group, promote it and issue kb (cuBLASLt's order): the stage wait leaves the warpgroup's
