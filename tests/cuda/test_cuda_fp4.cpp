@@ -514,6 +514,11 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            // No preparer: the consumers decode the scales and promote every 32 of K (no fold).
            {{"FINEGEMM_FP4_DECODE_DIRECT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_FP4_DECODE_DIRECT", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           // The loader's weight tiles requested two or three stages at a time (FINEGEMM_DECODE_LOAD_BATCH), unsplit
+           // (the ring wraps) and split.
+           {{"FINEGEMM_DECODE_LOAD_BATCH", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", "1"}},
+           {{"FINEGEMM_DECODE_LOAD_BATCH", "3"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           {{"FINEGEMM_DECODE_LOAD_BATCH", "2"}, {"FINEGEMM_FP4_DECODE_STAGE_K", "256"}},
            // Programmatic dependent launch after the activation quantization, with and without split-K.
            {{"FINEGEMM_PDL", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_PDL", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},

@@ -197,6 +197,34 @@ TEST_F(CudaTest, Fp8WeightsInTheDecodeKernel) {
   EXPECT_GE(served, 4) << "all_recipes() lost the block recipes the decode kernel serves";
 }
 
+// The decode kernel's loader requesting the weight tiles of two or three stages back to back
+// (FINEGEMM_DECODE_LOAD_BATCH): the same arithmetic in the same order, so the same bits as one stage at a time, for
+// E4M3 weights at every token width (M = 1, 16, 33, 64), unsplit (K = 4096: 32 stages, the ring wraps five times)
+// and split in three; checked against the reference once per shape.
+TEST_F(CudaTest, DecodeLoadBatchSameBits) {
+  const NamedRecipe recipe = all_recipes()[0];
+  const ScopedEnv on("FINEGEMM_FP8_DECODE", "1");
+  for (const int64_t m : {1, 16, 33, 64}) {
+    LinearCase c = make_case(recipe, m, 320, 4096, DType::BF16, DType::F32, m % 2 == 1);
+    const Buffer ref = run_reference(c.args, DType::F32, m, 320);
+    for (const char* split : {"1", "3"}) {
+      const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+      const Buffer one = run_on_gpu(c.args);
+      const auto cmp = testing::compare(one, ref);
+      EXPECT_EQ(cmp.non_finite, 0) << "M=" << m << " split=" << split;
+      EXPECT_LE(cmp.rel, tolerance(DType::F32)) << "M=" << m << " split=" << split;
+      for (const char* batch : {"2", "3"}) {
+        const ScopedEnv batched("FINEGEMM_DECODE_LOAD_BATCH", batch);
+        const Buffer got = run_on_gpu(c.args);
+        EXPECT_EQ(got.bytes, one.bytes) << "M=" << m << " split=" << split << " batch=" << batch;
+      }
+    }
+  }
+  const ScopedEnv bad("FINEGEMM_DECODE_LOAD_BATCH", "9");
+  LinearCase c = make_case(recipe, 1, 320, 4096, DType::BF16, DType::F32, false);
+  EXPECT_THROW(run_on_gpu(c.args), Error);
+}
+
 // Every compiled tile config and split-K, forced through FINEGEMM_GEMM_CONFIG, on shapes with tails in M and N,
 // for each kind of promotion (128-wide, 32-wide, none).
 TEST_F(CudaTest, EveryTileConfig) {

@@ -121,6 +121,11 @@ struct GemmParams {
   // The decode kernel with FP4 weights: no preparer warp; the consumers decode the weight scales themselves and run
   // every 32 of K as its own wgmma, promoted with its group's scale (FINEGEMM_FP4_DECODE_DIRECT=1; off until measured).
   bool fp4_decode_direct = false;
+  // The decode kernel's loader requests the weight tiles of this many consecutive stages back to back (it waits for
+  // all of their slots first), so that each weight row's adjacent K chunks reach DRAM together
+  // (FINEGEMM_DECODE_LOAD_BATCH=2 or 3; 1 = one stage at a time; a batch that does not divide the ring's stage count
+  // runs as 1).
+  int decode_load_batch = 1;
   // Programmatic dependent launch (FINEGEMM_PDL; on for E4M3 weights and on the MoE decode path, off for dense FP4
   // weights, as measured on the H200: launch_sm90_fp8_gemm): the dense decode kernel was launched with
   // programmatic stream serialization, so its loader streams the first stages' weights (which no earlier kernel

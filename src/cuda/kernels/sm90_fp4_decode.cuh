@@ -421,6 +421,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
     const int x_last = p.a_scale_cols - 1;
     const bool x_pow2 = (p.a_group & (p.a_group - 1)) == 0 && p.a_group >= 32;
     const int x_shift = x_pow2 ? __ffs(p.a_group) - 6 : 0;
+    const int load_batch = kStages % p.decode_load_batch == 0 ? p.decode_load_batch : 1;
     RingPosition<kStages> ring;
     for (int c = 0, i = 0; c < chunks; ++c) {
       // The chunk's tokens: rows tok0.. of x (its last one repeated for the scales of the columns past it).
@@ -432,7 +433,14 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
         const int kb = kb_begin + j_kb;
         const int stage = ring.stage;
         const int step0 = kb * kSteps;
-        if (i >= kStages) ptx::mbar_wait(&empty[stage], ring.phase ^ 1u);
+        // With a load batch of B stages (B divides kStages, so a batch never wraps the ring), the first stage of each
+        // batch waits for the slots of all B, so that their weight tiles go out together.
+        if (load_batch > 1) {
+          if (i % load_batch == 0 && i >= kStages)
+            for (int b = 0; b < load_batch; ++b) ptx::mbar_wait(&empty[stage + b], ring.phase ^ 1u);
+        } else if (i >= kStages) {
+          ptx::mbar_wait(&empty[stage], ring.phase ^ 1u);
+        }
         if (lane == 0) {
           // A box past K (the second half of a 256-wide stage at the K tail) arrives zero-filled, bytes counted.
           // Stages i < pre had their weight tile requested before the programmatic wait.

@@ -175,6 +175,12 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   GemmParams p = params;
   p.decode_thread_release = env_switch("FINEGEMM_DECODE_THREAD_RELEASE", true);
   p.fp4_decode_direct = env_switch("FINEGEMM_FP4_DECODE_DIRECT", false);
+  if (const char* v = std::getenv("FINEGEMM_DECODE_LOAD_BATCH"); v && *v) {
+    const int batch = std::atoi(v);
+    if (batch < 1 || batch > 4)
+      throw Error(std::string("FINEGEMM_DECODE_LOAD_BATCH: expected 1 to 4 stages, got '") + v + "'");
+    p.decode_load_batch = batch;
+  }
   const CUtensorMap tma_x = make_tma_2d(a, p.m, p.k, lda, c.wn);
   const int64_t w_rows = int64_t{p.n} * (groups.slots > 0 ? groups.num_groups : 1);
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
