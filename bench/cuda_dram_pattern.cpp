@@ -6,8 +6,9 @@
 // Weight sets, each larger than the 50 MB L2: dense N = 7168 K = 16384 (117 MB), the DeepSeek-V3 decode gate_up of
 // 8 experts (32768 rows of 7168 bytes, 235 MB) and its down (57344 rows of 2048 bytes, 117 MB). Per set, the decode
 // kernel's pattern (64-row tiles, 128-byte boxes, 6 stages, the split that fills 4 CTAs per SM) and one change at a
-// time: L2 promotion, bytes per row and request, stage size, stage count, tile height, CTAs per SM, split; then the
-// sequential read of the same bytes.
+// time: L2 promotion, bytes per row and request, stage size, stage count, tile height, CTAs per SM, split, and the
+// weights repacked so that each stage is one contiguous block (read by cp.async.bulk); then the sequential read of the
+// same bytes.
 // Output: one JSON line per row (us per pass: median of 7 samples of 10 passes between two events; TB/s of the set).
 //   bench_cuda_dram_pattern [--set dense,gate_up,down] [--quick]
 #include <cuda_runtime.h>
@@ -137,6 +138,13 @@ int main(int argc, char** argv) {
         t.box_bytes = 256;
         t.stages = 3;
         run("one 256 B box per row (no swizzle), 3 stages", t);
+      }
+      for (int c : {1, 2, 4}) {
+        TmaPattern t = base;
+        t.packed = true;
+        t.chunks_per_stage = c;
+        t.stages = 6 / c;
+        run("packed: each stage one contiguous " + std::to_string(8 * c) + " KB block (cp.async.bulk)", t);
       }
       for (int s : {3, 4, 8, 12}) {
         TmaPattern t = base;

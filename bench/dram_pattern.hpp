@@ -18,6 +18,7 @@ struct TmaPattern {
   int splits = 1;
   int l2_promotion = 3;  // 0 none, 1 64 B, 2 128 B, 3 256 B (the library's tensor maps)
   int smem_pad = 0;      // extra dynamic shared memory per CTA: fewer CTAs per SM
+  bool packed = false;   // each stage one contiguous block (cp.async.bulk): a weight layout repacked at load time
 };
 
 int tma_pattern_smem(const TmaPattern& t);

@@ -25,7 +25,7 @@ constexpr int kMaxStages = 16;
 __global__ void __launch_bounds__(64) tma_stream_kernel(const __grid_constant__ CUtensorMap map, int tiles, int splits,
                                                        int chunks_per_split, int num_chunks, int tile_rows,
                                                        int box_bytes, int boxes_per_chunk, int chunks_per_stage,
-                                                       int stages, unsigned* sink) {
+                                                       int stages, const uint8_t* packed, unsigned* sink) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   __shared__ alignas(8) uint64_t full[kMaxStages];
@@ -49,11 +49,19 @@ __global__ void __launch_bounds__(64) tma_stream_kernel(const __grid_constant__ 
       if (i >= stages) ptx::mbar_wait(&empty[stage], phase ^ 1);
       const int c0 = c_begin + i * chunks_per_stage;
       const int count = min(chunks_per_stage, c_end - c0);
-      ptx::mbar_arrive_expect_tx(&full[stage], static_cast<uint32_t>(count * boxes_per_chunk * tile_rows * box_bytes));
-      for (int c = 0; c < count; ++c)
-        for (int b = 0; b < boxes_per_chunk; ++b)
-          ptx::tma_load_2d(smem + stage * stage_bytes + (c * boxes_per_chunk + b) * tile_rows * box_bytes, &map,
-                           &full[stage], ((c0 + c) * boxes_per_chunk + b) * box_bytes, tile * tile_rows);
+      const uint32_t bytes = static_cast<uint32_t>(count * boxes_per_chunk * tile_rows * box_bytes);
+      ptx::mbar_arrive_expect_tx(&full[stage], bytes);
+      // Packed: the tile's chunks stored one after another (a load-time repacked layout), one bulk copy per stage.
+      if (packed) {
+        const int64_t chunk_bytes = int64_t{tile_rows} * box_bytes * boxes_per_chunk;
+        ptx::bulk_load(smem + stage * stage_bytes, packed + (int64_t{tile} * num_chunks + c0) * chunk_bytes, bytes,
+                       &full[stage]);
+      } else {
+        for (int c = 0; c < count; ++c)
+          for (int b = 0; b < boxes_per_chunk; ++b)
+            ptx::tma_load_2d(smem + stage * stage_bytes + (c * boxes_per_chunk + b) * tile_rows * box_bytes, &map,
+                             &full[stage], ((c0 + c) * boxes_per_chunk + b) * box_bytes, tile * tile_rows);
+      }
       if (++stage == stages) {
         stage = 0;
         phase ^= 1;
@@ -139,7 +147,8 @@ void launch_tma_pattern(const void* weights, int64_t rows, int64_t row_bytes, co
   check(cudaFuncSetAttribute(tma_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attribute");
   tma_stream_kernel<<<tiles * t.splits, 64, smem, stream>>>(map, tiles, t.splits, chunks_per_split, num_chunks,
                                                             t.tile_rows, t.box_bytes, t.boxes_per_chunk,
-                                                            t.chunks_per_stage, t.stages, sink);
+                                                            t.chunks_per_stage, t.stages,
+                                                            t.packed ? static_cast<const uint8_t*>(weights) : nullptr, sink);
   check(cudaGetLastError(), "tma_stream_kernel launch");
 }
 
