@@ -994,6 +994,56 @@ TEST_F(CudaTest, MMajorActivationScalesSameBits) {
   }
 }
 
+// The lean 128x128 kernel (FINEGEMM_GEMM_LEAN=1, off; sm90_fp8_gemm_lean.cuh) against the general kernel's 128x128
+// tiles (FINEGEMM_GEMM_CONFIG=128x128:1, the TMA-store epilogue): the same arithmetic in the same order, so the same
+// bits, on the recipes it serves (1x128 activations, 128x128 blocks; FP32 and UE8M0 weight scales), M-major
+// activation scales (the bulk copy), shapes with M and N tails, one K block and K blocks that leave the last lap of
+// five stages partial (K = 1280: ten blocks, two full laps; 1408: eleven), several tiles per CTA (M = 2048); checked
+// against the reference too. BF16 and F16 output.
+TEST_F(CudaTest, LeanKernelSameBits) {
+  std::vector<NamedRecipe> kinds;
+  for (const auto& r : all_recipes())
+    if (r.activation.granularity == ActGranularity::PerTokenGroup && r.activation.group_size == 128 &&
+        r.weight.element != ElementType::FP4_E2M1 && r.weight.granularity == WeightGranularity::Block &&
+        r.weight.block_n == 128 && r.weight.block_k == 128)
+      kinds.push_back(r);
+  ASSERT_GE(kinds.size(), 2u) << "all_recipes() lost the block-128 recipes with 1x128 activations";
+  const int64_t shapes[][3] = {{300, 1000, 1408}, {128, 256, 128}, {513, 384, 1280}, {96, 640, 768}, {2048, 2048, 512}};
+  for (const auto& recipe : kinds) {
+    for (const auto& shape : shapes) {
+      const auto [m, n, k] = std::tuple{shape[0], shape[1], shape[2]};
+      for (DType out : {DType::BF16, DType::F16}) {
+        if (out == DType::F16 && m != 300) continue;
+        const int64_t groups = k / 128, ld = (m + 3) / 4 * 4;
+        LinearCase c = make_case(recipe, m, n, k, DType::BF16, out, false);
+        prequantize(c, recipe.activation);
+        std::vector<float> mem(static_cast<size_t>(groups * ld), 0.0f);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t g = 0; g < groups; ++g) mem[g * ld + r] = c.x_q_scale.ptr<float>()[r * groups + g];
+        auto dev = to_device(TensorView::of(mem.data(), DType::F32, {groups, ld}), kGpu);
+        TensorView view = dev.view;
+        view.shape[0] = m;
+        view.shape[1] = groups;
+        view.strides[0] = 1;
+        view.strides[1] = ld;
+        Buffer general;
+        {
+          const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "128x128:1");
+          general = run_on_gpu(c.args, {}, &view);
+        }
+        const ScopedEnv lean("FINEGEMM_GEMM_LEAN", "1");
+        const Buffer got = run_on_gpu(c.args, {}, &view);
+        EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
+                                            << " out=" << dtype_name(out);
+        const Buffer ref = run_reference(c.args, out, m, n);
+        const auto cmp = testing::compare(got, ref);
+        EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k;
+        EXPECT_LE(cmp.rel, tolerance(out)) << recipe.name << " M=" << m << " N=" << n << " K=" << k;
+      }
+    }
+  }
+}
+
 // RunOptions::weights_static with E4M3 activations: the decode kernel requests its first weight tiles before it waits
 // for the kernel ahead (programmatic dependent launch, on by default for E4M3 weights). M = 1 and 16, without and with
 // split-K, and M = 200 (the general kernel, which ignores the promise), against the CPU reference.
