@@ -994,12 +994,13 @@ TEST_F(CudaTest, MMajorActivationScalesSameBits) {
   }
 }
 
-// The lean 128x128 kernel (FINEGEMM_GEMM_LEAN=1, off; sm90_fp8_gemm_lean.cuh) against the general kernel's 128x128
-// tiles (FINEGEMM_GEMM_CONFIG=128x128:1, the TMA-store epilogue): the same arithmetic in the same order, so the same
-// bits, on the recipes it serves (1x128 activations, 128x128 blocks; FP32 and UE8M0 weight scales), M-major
-// activation scales (the bulk copy), shapes with M and N tails, one K block and K blocks that leave the last lap of
-// five stages partial (K = 1280: ten blocks, two full laps; 1408: eleven), several tiles per CTA (M = 2048); checked
-// against the reference too. BF16 and F16 output.
+// The lean kernel (FINEGEMM_GEMM_LEAN=1: 128x128 tiles, =256: 256x128; off; sm90_fp8_gemm_lean.cuh) against the
+// general kernel's 128x128 tiles (FINEGEMM_GEMM_CONFIG=128x128:1, the TMA-store epilogue): the same arithmetic in the
+// same order, so the same bits, on the recipes it serves (1x128 activations, 128x128 blocks; FP32 and UE8M0 weight
+// scales), M-major activation scales (the bulk copy), shapes with M and N tails (M = 300 leaves a 256-row tile with
+// 44 rows, M = 96 one with no second half), one K block and K blocks that leave the last lap partial (K = 1280: ten
+// blocks, two full laps of five, three laps of three and a pad; 1408: eleven), several tiles per CTA (M = 2048);
+// checked against the reference too. BF16 and F16 output. An unknown value is refused with a clear error.
 TEST_F(CudaTest, LeanKernelSameBits) {
   std::vector<NamedRecipe> kinds;
   for (const auto& r : all_recipes())
@@ -1031,17 +1032,22 @@ TEST_F(CudaTest, LeanKernelSameBits) {
           const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "128x128:1");
           general = run_on_gpu(c.args, {}, &view);
         }
-        const ScopedEnv lean("FINEGEMM_GEMM_LEAN", "1");
-        const Buffer got = run_on_gpu(c.args, {}, &view);
-        EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
-                                            << " out=" << dtype_name(out);
         const Buffer ref = run_reference(c.args, out, m, n);
-        const auto cmp = testing::compare(got, ref);
-        EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k;
-        EXPECT_LE(cmp.rel, tolerance(out)) << recipe.name << " M=" << m << " N=" << n << " K=" << k;
+        for (const char* tiles : {"1", "256"}) {
+          const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles);
+          const Buffer got = run_on_gpu(c.args, {}, &view);
+          EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
+                                              << " out=" << dtype_name(out) << " FINEGEMM_GEMM_LEAN=" << tiles;
+          const auto cmp = testing::compare(got, ref);
+          EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles;
+          EXPECT_LE(cmp.rel, tolerance(out)) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles;
+        }
       }
     }
   }
+  const ScopedEnv bad("FINEGEMM_GEMM_LEAN", "192");
+  LinearCase c = make_case(kinds[0], 300, 256, 512, DType::BF16, DType::BF16, false);
+  EXPECT_THROW(run_on_gpu(c.args), Error);
 }
 
 // RunOptions::weights_static with E4M3 activations: the decode kernel requests its first weight tiles before it waits

@@ -1,12 +1,12 @@
-// A lean dense FP8 GEMM for the main recipe only (FINEGEMM_GEMM_LEAN=1, off; written at stop 35, not yet run on the
-// H200): 128x128 tiles, two consumer warpgroups and one TMA thread, E4M3 A with 1x128 scales copied M-major in bulk,
+// A lean dense FP8 GEMM for the main recipe only (FINEGEMM_GEMM_LEAN=1 / 256, off; written at stop 35, not yet run on
+// the H200): 128x128 or 256x128 tiles, two consumer warpgroups and one TMA thread, E4M3 A with 1x128 scales copied M-major in bulk,
 // E4M3 B with 128x128 block scales (any scale format load_b_scale reads), K a multiple of 128, 16-bit output through
 // shared memory and TMA stores, no bias, column scale or split-K.
 //
 // Why it exists: the general kernel (sm90_fp8_gemm.cuh) keeps its ring position in registers across tiles, so each K
 // block rebuilds its stage's barrier and descriptor addresses; stop 35 counted ~135 executed instructions per K block
 // and consumer warp in its hottest loop, 64 of them the promotion's FMAs. Here every tile starts at stage 0 and the
-// K loop runs in laps of kLeanStages K blocks with the stage index a compile-time constant inside a lap (the last lap
+// K loop runs in laps of kStages K blocks (5 at 128 rows, 3 at 256) with the stage index a compile-time constant inside a lap (the last lap
 // of a tile pads its unused stages: the TMA thread arrives on their full barriers without data and the consumers pass
 // them), so stage addresses, barrier addresses and descriptor words fold into constants. The arithmetic is the
 // general kernel's in the same order (four k32 wgmma steps per K block from zero, total = fma(acc, a_scale · b_scale,
@@ -16,32 +16,42 @@
 
 namespace finegemm::cuda {
 
-inline constexpr int kLeanBlockM = 128, kLeanBlockN = 128, kLeanStages = 5;
-inline constexpr int kLeanStageA = kLeanBlockM * kGemmBlockK;  // 16 KB
-inline constexpr int kLeanStageB = kLeanBlockN * kGemmBlockK;  // 16 KB
-inline constexpr int kLeanStaging = 2 * 64 * kLeanBlockN * 2;  // a 64 x 128 16-bit tile per consumer warpgroup
-
-// Dynamic shared memory for K / 128 = num_kb K blocks (1024-byte aligned base): A stages, B stages, the staging
-// tiles, A scales per stage, the tile's B scales for every K block, then the barriers.
-inline int lean_gemm_smem_bytes(int num_kb) {
-  return 1024 + kLeanStages * (kLeanStageA + kLeanStageB) + kLeanStaging + kLeanStages * kLeanBlockM * 4 +
-         (num_kb * 4 + 15) / 16 * 16 + 2 * kLeanStages * 8;
-}
+// BLOCK_M = 128: each consumer warpgroup takes 64 rows; 256: each takes two 64-row halves (rows 64·wg and 128 + 64·wg)
+// through one accumulator set in turn, promoting each into its own total (128 + 64 accumulator registers), so that a
+// stage's B tile serves twice the rows.
+inline constexpr int kLeanBlockN = 128;
+template <int BLOCK_M>
+struct LeanGemm {
+  static_assert(BLOCK_M == 128 || BLOCK_M == 256, "lean GEMM: 128- or 256-row tiles");
+  static constexpr int kHalves = BLOCK_M / 128;                // 64-row halves per consumer warpgroup
+  static constexpr int kStages = BLOCK_M == 128 ? 5 : 3;       // what fits beside the staging tiles
+  static constexpr int kStageA = BLOCK_M * kGemmBlockK;        // 16 or 32 KB
+  static constexpr int kStageB = kLeanBlockN * kGemmBlockK;    // 16 KB
+  static constexpr int kStaging = BLOCK_M * kLeanBlockN * 2;   // the tile's 16-bit outputs, 64 x 128 per box pair
+  // Dynamic shared memory for K / 128 = num_kb K blocks (1024-byte aligned base): A stages, B stages, the staging
+  // tiles, A scales per stage, the tile's B scales for every K block, then the barriers.
+  static int smem_bytes(int num_kb) {
+    return 1024 + kStages * (kStageA + kStageB) + kStaging + kStages * BLOCK_M * 4 + (num_kb * 4 + 15) / 16 * 16 +
+           2 * kStages * 8;
+  }
+};
 
 // Tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block t / num_m_blocks.
+template <int BLOCK_M>
 __global__ void __launch_bounds__(384, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int S = kLeanStages;
+  using L = LeanGemm<BLOCK_M>;
+  constexpr int S = L::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* smem_a = smem;
-  uint8_t* smem_b = smem_a + S * kLeanStageA;
-  uint8_t* smem_out = smem_b + S * kLeanStageB;
-  float* smem_sfa = reinterpret_cast<float*>(smem_out + kLeanStaging);
-  float* smem_sfb = smem_sfa + S * kLeanBlockM;
+  uint8_t* smem_b = smem_a + S * L::kStageA;
+  uint8_t* smem_out = smem_b + S * L::kStageB;
+  float* smem_sfa = reinterpret_cast<float*>(smem_out + L::kStaging);
+  float* smem_sfb = smem_sfa + S * BLOCK_M;
   const int num_kb = p.k / kGemmBlockK;
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_sfb) + (num_kb * 4 + 15) / 16 * 16);
   uint64_t* empty = full + S;
@@ -56,7 +66,7 @@ __global__ void __launch_bounds__(384, 1)
     ptx::fence_barrier_init();
   }
   // A scales of rows past M (the last row block's copy is shorter) read zeros, or an earlier tile's finite values.
-  for (int i = threadIdx.x; i < S * kLeanBlockM; i += blockDim.x) smem_sfa[i] = 0.0f;
+  for (int i = threadIdx.x; i < S * BLOCK_M; i += blockDim.x) smem_sfa[i] = 0.0f;
   ptx::fence_proxy_async_shared();
   __syncthreads();
 
@@ -68,8 +78,8 @@ __global__ void __launch_bounds__(384, 1)
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t lap_count = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const int m0 = t % num_m_blocks * kLeanBlockM, n0 = t / num_m_blocks * kLeanBlockN;
-        const uint32_t sfa_bytes = static_cast<uint32_t>((min(kLeanBlockM, p.m - m0) + 3) / 4 * 16);
+        const int m0 = t % num_m_blocks * BLOCK_M, n0 = t / num_m_blocks * kLeanBlockN;
+        const uint32_t sfa_bytes = static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16);
         for (int lap = 0; lap < laps; ++lap, ++lap_count) {
           const uint32_t free_parity = (lap_count & 1u) ^ 1u;
 #pragma unroll
@@ -77,10 +87,10 @@ __global__ void __launch_bounds__(384, 1)
             const int kb = lap * S + s;
             ptx::mbar_wait(&empty[s], free_parity);
             if (kb < num_kb) {
-              ptx::mbar_arrive_expect_tx(&full[s], kLeanStageA + kLeanStageB + sfa_bytes);
-              ptx::tma_load_2d(smem_a + s * kLeanStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
-              ptx::tma_load_2d(smem_b + s * kLeanStageB, &tma_b, &full[s], kb * kGemmBlockK, n0);
-              ptx::bulk_load(smem_sfa + s * kLeanBlockM, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
+              ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + L::kStageB + sfa_bytes);
+              ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
+              ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, n0);
+              ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
             } else {
               ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
             }
@@ -91,14 +101,15 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  // ---------------- Consumer warpgroups (warpgroup wg: rows 64·wg .. 64·wg + 63 of the tile).
+  // ---------------- Consumer warpgroups (warpgroup wg: rows 64·wg .. 64·wg + 63 of the tile, and with 256-row tiles
+  // also 128 + 64·wg ..).
   ptx::setmaxnreg_inc<232>();
   using Mma = ptx::WgmmaFp8<kLeanBlockN>;
   // The warpgroup index through a shuffle from lane 0: ptxas then keeps it, and the descriptors built from it, in
   // uniform registers (computed from threadIdx.x they went through R2UR before every wgmma).
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int wtid = threadIdx.x % 128, cwarp = wtid / 32;
-  const int r0 = wg * 64 + cwarp * 16 + lane / 4;  // this thread's rows of the tile: r0 and r0 + 8
+  const int r0 = wg * 64 + cwarp * 16 + lane / 4;  // this thread's rows of the tile: r0 and r0 + 8 (+ 128 · half)
   const uint32_t desc_a0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_a) + wg * 64 * kGemmBlockK);
   const uint32_t desc_b0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_b));
   constexpr uint32_t kHi = ptx::kDescHiKMajorSw128;
@@ -107,40 +118,46 @@ __global__ void __launch_bounds__(384, 1)
     else ptx::named_bar_sync<3, 128>();
   };
   float acc[64];
-  float total[64];
+  float total[64 * L::kHalves];
   uint32_t lap_count = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const int m0 = t % num_m_blocks * kLeanBlockM, n0 = t / num_m_blocks * kLeanBlockN;
+    const int m0 = t % num_m_blocks * BLOCK_M, n0 = t / num_m_blocks * kLeanBlockN;
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
     // last reads of them are done.
     ptx::named_bar_sync<1, 256>();
     for (int i = threadIdx.x; i < num_kb; i += 256) smem_sfb[i] = load_b_scale(p, 0, n0 / p.b_block_n, i);
     ptx::named_bar_sync<1, 256>();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) total[i] = 0.0f;
-    // K block kb in stage s: wait, the four k32 steps from zero, release, promote.
+    for (int i = 0; i < 64 * L::kHalves; ++i) total[i] = 0.0f;
+    // K block kb in stage s: wait; per half, the four k32 steps from zero and the promotion into that half's total;
+    // the release after the last half's wgmma.
     auto k_block = [&](int s, int kb, uint32_t parity) {
       const float sb = smem_sfb[kb];
       ptx::mbar_wait(&full[s], parity);
-      const float* sa = smem_sfa + s * kLeanBlockM;
-      const float lo0 = sa[r0] * sb, lo1 = sa[r0 + 8] * sb;
-      ptx::fence_operands(acc);
-      ptx::wgmma_fence();
+      const float* sa = smem_sfa + s * BLOCK_M;
 #pragma unroll
-      for (int k = 0; k < kGemmBlockK / 32; ++k)
-        Mma::mma(ptx::desc_from_words(desc_a0 + static_cast<uint32_t>((s * kLeanStageA + k * 32) >> 4), kHi),
-                 ptx::desc_from_words(desc_b0 + static_cast<uint32_t>((s * kLeanStageB + k * 32) >> 4), kHi), acc,
-                 k > 0);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc);
-      ptx::mbar_arrive(&empty[s]);
+      for (int half = 0; half < L::kHalves; ++half) {
+        const float lo0 = sa[r0 + 128 * half] * sb, lo1 = sa[r0 + 128 * half + 8] * sb;
+        ptx::fence_operands(acc);
+        ptx::wgmma_fence();
 #pragma unroll
-      for (int c = 0; c < kLeanBlockN / 8; ++c) {
-        total[c * 4 + 0] = fmaf(acc[c * 4 + 0], lo0, total[c * 4 + 0]);
-        total[c * 4 + 1] = fmaf(acc[c * 4 + 1], lo0, total[c * 4 + 1]);
-        total[c * 4 + 2] = fmaf(acc[c * 4 + 2], lo1, total[c * 4 + 2]);
-        total[c * 4 + 3] = fmaf(acc[c * 4 + 3], lo1, total[c * 4 + 3]);
+        for (int k = 0; k < kGemmBlockK / 32; ++k)
+          Mma::mma(ptx::desc_from_words(
+                       desc_a0 + static_cast<uint32_t>((s * L::kStageA + half * 128 * kGemmBlockK + k * 32) >> 4), kHi),
+                   ptx::desc_from_words(desc_b0 + static_cast<uint32_t>((s * L::kStageB + k * 32) >> 4), kHi), acc,
+                   k > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc);
+        if (half == L::kHalves - 1) ptx::mbar_arrive(&empty[s]);
+        float* tot = total + 64 * half;
+#pragma unroll
+        for (int c = 0; c < kLeanBlockN / 8; ++c) {
+          tot[c * 4 + 0] = fmaf(acc[c * 4 + 0], lo0, tot[c * 4 + 0]);
+          tot[c * 4 + 1] = fmaf(acc[c * 4 + 1], lo0, tot[c * 4 + 1]);
+          tot[c * 4 + 2] = fmaf(acc[c * 4 + 2], lo1, tot[c * 4 + 2]);
+          tot[c * 4 + 3] = fmaf(acc[c * 4 + 3], lo1, tot[c * 4 + 3]);
+        }
       }
     };
     for (int lap = 0; lap < laps; ++lap, ++lap_count) {
@@ -158,42 +175,50 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
     // Epilogue: (v · rs + 0) · 1 rounded to the output type (the general kernel's TMA-store epilogue), written by
-    // stmatrix as two 64 x 64 boxes (128-byte rows, 16-byte chunk c of row r at c ^ (r % 8)), stored by one thread.
-    const int row0 = m0 + r0, row1 = row0 + 8;
-    const float rs0 = load_vec(p.row_mode, p.row_scale, min(row0, p.m - 1));
-    const float rs1 = load_vec(p.row_mode, p.row_scale, min(row1, p.m - 1));
-    uint8_t* out_tile = smem_out + wg * (64 * kLeanBlockN * 2);
-    if (wtid == 0) ptx::bulk_wait_group_read<0>();  // the previous tile's stores have read the staging tile
+    // stmatrix as two 64 x 64 boxes per 64-row half (128-byte rows, 16-byte chunk c of row r at c ^ (r % 8)), stored
+    // by one thread.
+    if (wtid == 0) ptx::bulk_wait_group_read<0>();  // the previous tile's stores have read the staging tiles
     wg_bar();
     const int mat = lane >> 3, mat_row = cwarp * 16 + ((mat & 1) << 3) + (lane & 7);
-    const uint32_t row_addr = ptx::smem_addr(out_tile) + static_cast<uint32_t>(mat_row * 128);
-    auto store_tile = [&](auto tag) {
-      using T = decltype(tag);
 #pragma unroll
-      for (int c = 0; c < kLeanBlockN / 8; c += 2) {
-        uint32_t r[4];
+    for (int half = 0; half < L::kHalves; ++half) {
+      const int row0 = m0 + r0 + 128 * half, row1 = row0 + 8;
+      const float rs0 = load_vec(p.row_mode, p.row_scale, min(row0, p.m - 1));
+      const float rs1 = load_vec(p.row_mode, p.row_scale, min(row1, p.m - 1));
+      uint8_t* out_tile = smem_out + (wg + 2 * half) * (64 * kLeanBlockN * 2);
+      const uint32_t row_addr = ptx::smem_addr(out_tile) + static_cast<uint32_t>(mat_row * 128);
+      const float* tot = total + 64 * half;
+      auto store_tile = [&](auto tag) {
+        using T = decltype(tag);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float* v = total + (c + h) * 4;
-          r[2 * h] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[0], rs0), 0.0f), 1.0f),
-                                  __fmul_rn(__fadd_rn(__fmul_rn(v[1], rs0), 0.0f), 1.0f));
-          r[2 * h + 1] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[2], rs1), 0.0f), 1.0f),
-                                      __fmul_rn(__fadd_rn(__fmul_rn(v[3], rs1), 0.0f), 1.0f));
+        for (int c = 0; c < kLeanBlockN / 8; c += 2) {
+          uint32_t r[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float* v = tot + (c + h) * 4;
+            r[2 * h] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[0], rs0), 0.0f), 1.0f),
+                                    __fmul_rn(__fadd_rn(__fmul_rn(v[1], rs0), 0.0f), 1.0f));
+            r[2 * h + 1] = pack_pair<T>(__fmul_rn(__fadd_rn(__fmul_rn(v[2], rs1), 0.0f), 1.0f),
+                                        __fmul_rn(__fadd_rn(__fmul_rn(v[3], rs1), 0.0f), 1.0f));
+          }
+          const int chunk = c + (mat >> 1);
+          const uint32_t addr = row_addr + static_cast<uint32_t>((chunk >> 3) * (64 * 128)) +
+                                static_cast<uint32_t>((((chunk & 7) ^ (mat_row & 7)) << 4));
+          ptx::stmatrix_x4(addr, r[0], r[1], r[2], r[3]);
         }
-        const int chunk = c + (mat >> 1);
-        const uint32_t addr = row_addr + static_cast<uint32_t>((chunk >> 3) * (64 * 128)) +
-                              static_cast<uint32_t>((((chunk & 7) ^ (mat_row & 7)) << 4));
-        ptx::stmatrix_x4(addr, r[0], r[1], r[2], r[3]);
-      }
-    };
-    if (p.out_dtype == OutDType::F16) store_tile(__half{});
-    else store_tile(__nv_bfloat16{});
+      };
+      if (p.out_dtype == OutDType::F16) store_tile(__half{});
+      else store_tile(__nv_bfloat16{});
+    }
     ptx::fence_proxy_async_shared();
     wg_bar();
     if (wtid == 0) {
 #pragma unroll
-      for (int box = 0; box < kLeanBlockN / 64; ++box)
-        ptx::tma_store_2d(&tma_out, out_tile + box * (64 * 128), n0 * 2 + box * 128, m0 + wg * 64);
+      for (int half = 0; half < L::kHalves; ++half)
+#pragma unroll
+        for (int box = 0; box < kLeanBlockN / 64; ++box)
+          ptx::tma_store_2d(&tma_out, smem_out + (wg + 2 * half) * (64 * kLeanBlockN * 2) + box * (64 * 128),
+                            n0 * 2 + box * 128, m0 + wg * 64 + 128 * half);
       ptx::bulk_commit_group();
     }
   }

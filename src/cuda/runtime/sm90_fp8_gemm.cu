@@ -396,11 +396,17 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
         launch_sm90_fp8_gemm(a, lda, w, q.k, q, stream);
       }))
     return;
-  // The lean 128x128 kernel (FINEGEMM_GEMM_LEAN=1, off until measured): prefill sizes of the main recipe only.
-  if (!(fp4_decode || fp8_decode) && !p.b_fp4 && promote_k == 128 && env_switch("FINEGEMM_GEMM_LEAN", false) &&
-      lean_gemm_ok(p, device)) {
-    launch_sm90_fp8_gemm_lean(a, lda, b, ldb, p, device, stream);
-    return;
+  // The lean kernel (FINEGEMM_GEMM_LEAN=1: 128x128 tiles, =256: 256x128; off until measured): prefill sizes of the
+  // main recipe only.
+  if (const char* lean = std::getenv("FINEGEMM_GEMM_LEAN"); lean && *lean && std::string(lean) != "0" &&
+                                                               !(fp4_decode || fp8_decode) && !p.b_fp4 && promote_k == 128) {
+    const int block_m = std::string(lean) == "256" ? 256 : (std::string(lean) == "1" ? 128 : 0);
+    if (block_m == 0)
+      throw Error(std::string("FINEGEMM_GEMM_LEAN: expected 0, 1 (128x128 tiles) or 256 (256x128), got '") + lean + "'");
+    if (lean_gemm_ok(p, block_m, device)) {
+      launch_sm90_fp8_gemm_lean(a, lda, b, ldb, p, block_m, device, stream);
+      return;
+    }
   }
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
   if (fp4_decode || fp8_decode) c.split_k = fp4_gemv ? gemv.split_k : decode.split_k;

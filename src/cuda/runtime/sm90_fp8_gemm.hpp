@@ -39,13 +39,13 @@ bool a_scale_bulk_ok(const GemmParams& p);
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
                           cudaStream_t stream);
 
-// The lean 128x128 kernel (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1, off, not yet measured): the main recipe only
-// (1x128 A scales that the bulk copy reads, 128x128 B block scales, K % 128 == 0, 16-bit output through TMA stores,
-// no bias, column scale, row weight or split-K). launch_sm90_fp8_gemm takes it where lean_gemm_ok holds and the
-// switch is on.
-bool lean_gemm_ok(const GemmParams& p, int device);
-void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
-                               cudaStream_t stream);
+// The lean kernel (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1: 128x128 tiles, =256: 256x128; off, not yet
+// measured): the main recipe only (1x128 A scales that the bulk copy reads, 128x128 B block scales, K % 128 == 0,
+// 16-bit output through TMA stores, no bias, column scale, row weight or split-K). launch_sm90_fp8_gemm takes it
+// where lean_gemm_ok holds and the switch is on.
+bool lean_gemm_ok(const GemmParams& p, int block_m, int device);
+void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
+                               int device, cudaStream_t stream);
 
 // Split-K finish (splitk_reduce_kernel): p.out = Σ_split p.workspace[split] (in order) with p's epilogue.
 void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream);
