@@ -6,7 +6,7 @@
 // Why it exists: the general kernel (sm90_fp8_gemm.cuh) keeps its ring position in registers across tiles, so each K
 // block rebuilds its stage's barrier and descriptor addresses; stop 35 counted ~135 executed instructions per K block
 // and consumer warp in its hottest loop, 64 of them the promotion's FMAs. Here every tile starts at stage 0 and the
-// K loop runs in laps of kStages K blocks (5 at 128 rows, 3 at 256) with the stage index a compile-time constant inside a lap (the last lap
+// K loop runs in laps of kStages K blocks (4 or 5 at 128 rows, 2 or 3 at 256) with the stage index a compile-time constant inside a lap (the last lap
 // of a tile pads its unused stages: the TMA thread arrives on their full barriers without data and the consumers pass
 // them), so stage addresses, barrier addresses and descriptor words fold into constants. The arithmetic is the
 // general kernel's in the same order (four k32 wgmma steps per K block from zero, total = fma(acc, a_scale · b_scale,
@@ -20,11 +20,14 @@ namespace finegemm::cuda {
 // through one accumulator set in turn, promoting each into its own total (128 + 64 accumulator registers), so that a
 // stage's B tile serves twice the rows.
 inline constexpr int kLeanBlockN = 128;
-template <int BLOCK_M>
+// kStages: 4 or 5 at 128 rows, 2 or 3 at 256 (what fits beside the staging tiles); the launcher takes the count that
+// leaves the fewest pad stages in a tile's last lap, since those keep the next tile's first loads waiting.
+template <int BLOCK_M, int kStagesT>
 struct LeanGemm {
   static_assert(BLOCK_M == 128 || BLOCK_M == 256, "lean GEMM: 128- or 256-row tiles");
+  static_assert(kStagesT >= 2 && kStagesT <= (BLOCK_M == 128 ? 5 : 3), "lean GEMM: stages that fit in 227 KB");
   static constexpr int kHalves = BLOCK_M / 128;                // 64-row halves per consumer warpgroup
-  static constexpr int kStages = BLOCK_M == 128 ? 5 : 3;       // what fits beside the staging tiles
+  static constexpr int kStages = kStagesT;
   static constexpr int kStageA = BLOCK_M * kGemmBlockK;        // 16 or 32 KB
   static constexpr int kStageB = kLeanBlockN * kGemmBlockK;    // 16 KB
   static constexpr int kStaging = BLOCK_M * kLeanBlockN * 2;   // the tile's 16-bit outputs, 64 x 128 per box pair
@@ -37,13 +40,13 @@ struct LeanGemm {
 };
 
 // Tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block t / num_m_blocks.
-template <int BLOCK_M>
+template <int BLOCK_M, int kStages>
 __global__ void __launch_bounds__(384, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using L = LeanGemm<BLOCK_M>;
+  using L = LeanGemm<BLOCK_M, kStages>;
   constexpr int S = L::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);

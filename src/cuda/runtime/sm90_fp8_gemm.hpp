@@ -46,6 +46,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device);
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream);
+// How many lean-kernel launches this process has made (tests check that the switch took the lean kernel).
+long long lean_gemm_launches();
 
 // Split-K finish (splitk_reduce_kernel): p.out = Σ_split p.workspace[split] (in order) with p's epilogue.
 void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream);

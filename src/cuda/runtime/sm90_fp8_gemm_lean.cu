@@ -1,5 +1,7 @@
 // Launch of the lean GEMM (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1 for 128x128 tiles, =256 for 256x128; off until
 // measured on the H200).
+#include <atomic>
+
 #include "cuda/kernels/sm90_fp8_gemm_lean.cuh"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
@@ -7,10 +9,39 @@
 namespace finegemm::cuda {
 namespace {
 
-template <int BLOCK_M>
+std::atomic<long long> lean_launch_count{0};
+
+// Stages for num_kb K blocks: of the two counts compiled for the tile height, the one whose last lap pads fewer
+// stages (a pad stage keeps the next tile's loads waiting), the larger on a tie.
+int lean_stages(int block_m, int num_kb) {
+  const int hi = block_m == 128 ? 5 : 3, lo = hi - 1;
+  auto pads = [&](int s) { return (s - num_kb % s) % s; };
+  return pads(lo) < pads(hi) ? lo : hi;
+}
+
+template <int BLOCK_M, int kStages>
+int lean_smem(int num_kb) {
+  return LeanGemm<BLOCK_M, kStages>::smem_bytes(num_kb);
+}
+
+int lean_smem_bytes(int block_m, int stages, int num_kb) {
+  if (block_m == 128) return stages == 5 ? lean_smem<128, 5>(num_kb) : lean_smem<128, 4>(num_kb);
+  return stages == 3 ? lean_smem<256, 3>(num_kb) : lean_smem<256, 2>(num_kb);
+}
+
+template <int BLOCK_M, int kStages>
 void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
                  cudaStream_t stream) {
-  using L = LeanGemm<BLOCK_M>;
+  using L = LeanGemm<BLOCK_M, kStages>;
+  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages>;
+  // The shared-memory attribute: the opt-in maximum, once per device (the launch passes what this K needs).
+  static std::atomic<bool> attribute_set[kMaxDevices] = {};
+  if (device >= kMaxDevices || !attribute_set[device].load(std::memory_order_acquire)) {
+    int max_smem = 0;
+    FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    if (device < kMaxDevices) attribute_set[device].store(true, std::memory_order_release);
+  }
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, BLOCK_M);
   const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, kLeanBlockN);
   const CUtensorMap tma_out = make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64);
@@ -18,11 +49,10 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
   const int64_t tiles = int64_t{num_m_blocks} * ceil_div(p.n, kLeanBlockN);
   if (tiles > INT32_MAX) throw Error("lean gemm: " + std::to_string(tiles) + " tiles, more than one grid takes");
   const int smem = L::smem_bytes(p.k / kGemmBlockK);
-  FG_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_gemm_lean_kernel<BLOCK_M>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
-  sm90_fp8_gemm_lean_kernel<BLOCK_M><<<grid, 384, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks,
-                                                                  static_cast<int>(tiles));
+  kernel<<<grid, 384, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
   FG_CUDA_CHECK(cudaGetLastError());
+  lean_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -30,21 +60,33 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
   if (block_m != 128 && block_m != 256) return false;
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kGemmBlockK != 0) return false;
-  if (p.a_scale == nullptr || p.a_group != 128 || !a_scale_bulk_ok(p)) return false;
-  if (p.b_scale == nullptr || p.b_block_n != kLeanBlockN || p.b_block_k != kGemmBlockK || p.b_fp4) return false;
+  const int num_kb = p.k / kGemmBlockK;
+  // The A scales by the bulk copy (FINEGEMM_GEMM_SCALE_BULK=0 turns that off here too), one per K block; the B
+  // scales' rows reach every K block.
+  if (p.a_scale == nullptr || p.a_group != 128 || !a_scale_bulk_wanted() || !a_scale_bulk_ok(p) ||
+      p.a_scale_cols != num_kb)
+    return false;
+  if (p.b_scale == nullptr || p.b_block_n != kLeanBlockN || p.b_block_k != kGemmBlockK || p.b_fp4 ||
+      p.b_scale_cols < num_kb)
+    return false;
   if (p.gate != nullptr || p.row_weight != nullptr || p.workspace != nullptr || !tma_store_output_ok(p)) return false;
   int max_smem = 0;
   FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int num_kb = p.k / kGemmBlockK;
-  // The kernel's static shared memory (1 KB) comes on top of the dynamic bytes.
-  const int need = (block_m == 128 ? LeanGemm<128>::smem_bytes(num_kb) : LeanGemm<256>::smem_bytes(num_kb)) + 1024;
-  return need <= max_smem;
+  return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb) <= max_smem;
 }
 
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream) {
-  if (block_m == 256) launch_lean<256>(a, lda, b, ldb, p, device, stream);
-  else launch_lean<128>(a, lda, b, ldb, p, device, stream);
+  const int stages = lean_stages(block_m, p.k / kGemmBlockK);
+  if (block_m == 256) {
+    if (stages == 3) launch_lean<256, 3>(a, lda, b, ldb, p, device, stream);
+    else launch_lean<256, 2>(a, lda, b, ldb, p, device, stream);
+  } else {
+    if (stages == 5) launch_lean<128, 5>(a, lda, b, ldb, p, device, stream);
+    else launch_lean<128, 4>(a, lda, b, ldb, p, device, stream);
+  }
 }
+
+long long lean_gemm_launches() { return lean_launch_count.load(std::memory_order_relaxed); }
 
 }  // namespace finegemm::cuda
