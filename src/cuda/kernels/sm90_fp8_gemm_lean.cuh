@@ -6,7 +6,7 @@
 // Why it exists: the general kernel (sm90_fp8_gemm.cuh) keeps its ring position in registers across tiles, so each K
 // block rebuilds its stage's barrier and descriptor addresses; stop 35 counted ~135 executed instructions per K block
 // and consumer warp in its hottest loop, 64 of them the promotion's FMAs. Here every tile starts at stage 0 and the
-// K loop runs in laps of kStages K blocks (4 or 5 at 128 rows, 2 or 3 at 256) with the stage index a compile-time constant inside a lap (the last lap
+// K loop runs in laps of kStages K blocks (4 or 5 at 128 rows, 3 at 256) with the stage index a compile-time constant inside a lap (the last lap
 // of a tile pads its unused stages: the TMA thread arrives on their full barriers without data and the consumers pass
 // them), so stage addresses, barrier addresses and descriptor words fold into constants. The arithmetic is the
 // general kernel's in the same order (four k32 wgmma steps per K block from zero, total = fma(acc, a_scale · b_scale,
@@ -20,8 +20,8 @@ namespace finegemm::cuda {
 // through one accumulator set in turn, promoting each into its own total (128 + 64 accumulator registers), so that a
 // stage's B tile serves twice the rows.
 inline constexpr int kLeanBlockN = 128;
-// kStages: 4 or 5 at 128 rows, 2 or 3 at 256 (what fits beside the staging tiles); the launcher takes the count that
-// leaves the fewest pad stages in a tile's last lap, since those keep the next tile's first loads waiting.
+// kStages: 4 or 5 at 128 rows, 3 at 256 (what fits beside the staging tiles); at 128 rows the launcher takes the count
+// that leaves the fewest pad stages in a tile's last lap, since those keep the next tile's first loads waiting.
 template <int BLOCK_M, int kStagesT>
 struct LeanGemm {
   static_assert(BLOCK_M == 128 || BLOCK_M == 256, "lean GEMM: 128- or 256-row tiles");

@@ -11,12 +11,12 @@ namespace {
 
 std::atomic<long long> lean_launch_count{0};
 
-// Stages for num_kb K blocks: of the two counts compiled for the tile height, the one whose last lap pads fewer
-// stages (a pad stage keeps the next tile's loads waiting), the larger on a tie.
+// Stages for num_kb K blocks: 128-row tiles take 4 or 5, whichever pads fewer stages in a tile's last lap (a pad stage
+// keeps the next tile's loads waiting), 5 on a tie; 256-row tiles take 3 (a 2-stage build spilled 128 bytes).
 int lean_stages(int block_m, int num_kb) {
-  const int hi = block_m == 128 ? 5 : 3, lo = hi - 1;
+  if (block_m != 128) return 3;
   auto pads = [&](int s) { return (s - num_kb % s) % s; };
-  return pads(lo) < pads(hi) ? lo : hi;
+  return pads(4) < pads(5) ? 4 : 5;
 }
 
 template <int BLOCK_M, int kStages>
@@ -26,7 +26,7 @@ int lean_smem(int num_kb) {
 
 int lean_smem_bytes(int block_m, int stages, int num_kb) {
   if (block_m == 128) return stages == 5 ? lean_smem<128, 5>(num_kb) : lean_smem<128, 4>(num_kb);
-  return stages == 3 ? lean_smem<256, 3>(num_kb) : lean_smem<256, 2>(num_kb);
+  return lean_smem<256, 3>(num_kb);
 }
 
 template <int BLOCK_M, int kStages>
@@ -79,8 +79,7 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
                                int device, cudaStream_t stream) {
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
   if (block_m == 256) {
-    if (stages == 3) launch_lean<256, 3>(a, lda, b, ldb, p, device, stream);
-    else launch_lean<256, 2>(a, lda, b, ldb, p, device, stream);
+    launch_lean<256, 3>(a, lda, b, ldb, p, device, stream);
   } else {
     if (stages == 5) launch_lean<128, 5>(a, lda, b, ldb, p, device, stream);
     else launch_lean<128, 4>(a, lda, b, ldb, p, device, stream);
