@@ -46,6 +46,25 @@ void prequantize(LinearCase& c, const ActivationRecipe& activation) {
   c.args.x_scale = c.x_q_scale;
 }
 
+// c's prequantized activation scales (one per row and group) as an M-major [groups][ld] buffer on the device, the
+// entries past M set to `pad`, and the view of them that run_on_gpu takes (the bulk-copy layout of the GEMM).
+struct MMajorScales {
+  DeviceTensor dev;
+  TensorView view;
+};
+MMajorScales m_major_scales(LinearCase& c, int64_t m, int64_t groups, int64_t ld, float pad) {
+  std::vector<float> mem(static_cast<size_t>(groups * ld), pad);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) mem[g * ld + r] = c.x_q_scale.ptr<float>()[r * groups + g];
+  MMajorScales out{to_device(TensorView::of(mem.data(), DType::F32, {groups, ld}), kGpu), {}};
+  out.view = out.dev.view;
+  out.view.shape[0] = m;
+  out.view.shape[1] = groups;
+  out.view.strides[0] = 1;
+  out.view.strides[1] = ld;
+  return out;
+}
+
 // Random bf16 activations and fp32 master weights quantized per the recipe on the CPU.
 LinearCase make_case(const NamedRecipe& recipe, int64_t m, int64_t n, int64_t k, DType x_dtype, DType out_dtype,
                      bool with_bias) {
@@ -977,16 +996,8 @@ TEST_F(CudaTest, MMajorActivationScalesSameBits) {
           EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << recipe.name << " M=" << m;
         }
         for (int64_t ld : {m4, m + 9, m4 + 8}) {
-          std::vector<float> mem(static_cast<size_t>(groups * ld), NAN);
-          for (int64_t r = 0; r < m; ++r)
-            for (int64_t g = 0; g < groups; ++g) mem[g * ld + r] = c.x_q_scale.ptr<float>()[r * groups + g];
-          auto dev = to_device(TensorView::of(mem.data(), DType::F32, {groups, ld}), kGpu);
-          TensorView view = dev.view;
-          view.shape[0] = m;
-          view.shape[1] = groups;
-          view.strides[0] = 1;
-          view.strides[1] = ld;
-          const Buffer out = run_on_gpu(c.args, {}, &view);
+          const MMajorScales scales = m_major_scales(c, m, groups, ld, NAN);
+          const Buffer out = run_on_gpu(c.args, {}, &scales.view);
           EXPECT_EQ(out.bytes, row_major.bytes) << recipe.name << " M=" << m << " ld=" << ld << " config=" << config;
         }
       }
@@ -1022,15 +1033,8 @@ TEST_F(CudaTest, LeanKernelSameBits) {
         const int64_t groups = k / 128, ld = (m + 3) / 4 * 4;
         LinearCase c = make_case(recipe, m, n, k, DType::BF16, out, false);
         prequantize(c, recipe.activation);
-        std::vector<float> mem(static_cast<size_t>(groups * ld), 0.0f);
-        for (int64_t row = 0; row < m; ++row)
-          for (int64_t g = 0; g < groups; ++g) mem[g * ld + row] = c.x_q_scale.ptr<float>()[row * groups + g];
-        auto dev = to_device(TensorView::of(mem.data(), DType::F32, {groups, ld}), kGpu);
-        TensorView view = dev.view;
-        view.shape[0] = m;
-        view.shape[1] = groups;
-        view.strides[0] = 1;
-        view.strides[1] = ld;
+        const MMajorScales scales = m_major_scales(c, m, groups, ld, 0.0f);
+        const TensorView& view = scales.view;
         Buffer general;
         {
           const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "128x128:1"), no_lean("FINEGEMM_GEMM_LEAN", "0");

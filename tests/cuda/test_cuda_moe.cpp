@@ -402,8 +402,15 @@ TEST(MoePathChoice, DecodePathForItsRecipesAtDecodeSizes) {
 // 128 of K must take it.
 // Decode-path launch settings the tests run: FINEGEMM_FP4_DECODE_SPLIT (none, forced 1, forced 3) and FINEGEMM_PDL.
 constexpr std::pair<const char*, const char*> kSplitsAndPdl[] = {{"", ""}, {"1", ""}, {"3", ""}, {"", "1"}, {"3", "1"}};
-// And the loader's weight tiles two or three stages at a time (FINEGEMM_DECODE_LOAD_BATCH) with each split.
-constexpr std::pair<const char*, const char*> kLoadBatches[] = {{"", "2"}, {"1", "3"}, {"3", "2"}};
+// DecodePathEveryServedRecipe adds the loader's weight tiles two or three stages at a time
+// (FINEGEMM_DECODE_LOAD_BATCH) with each split.
+struct DecodeLaunch {
+  const char* split;
+  const char* pdl;
+  const char* batch;
+};
+constexpr DecodeLaunch kDecodeLaunches[] = {{"", "", ""}, {"1", "", ""}, {"3", "", ""}, {"", "1", ""},
+                                            {"3", "1", ""}, {"", "", "2"}, {"1", "", "3"}, {"3", "", "2"}};
 
 TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
   const Variant variants[] = {{MoeActivation::SwiGLU, 0.0f, false, false},
@@ -443,25 +450,16 @@ TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
       // pow2, T = 5, 1.2e-2 from every split and launch setting alike). Past kMoeBar the bar is, as in
       // PerTokenActivationsOnTheGpuPath, twice the reference's own move under a 1e-4 perturbation of gate_up's scales.
       double noise = -1.0;
-      for (const auto& [split, pdl] : kSplitsAndPdl) {
+      for (const auto& [split, pdl, batch] : kDecodeLaunches) {
         const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
         const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
-        const auto cmp = run_and_compare(data);
-        if (!cmp.ok(kMoeBar) && noise < 0.0) noise = reference_noise(data, 1e-4, 6);
-        const double bar = std::max(kMoeBar, 2.0 * noise);
-        EXPECT_TRUE(cmp.ok(bar)) << recipe.name << " T=" << tokens << " split=" << split << " pdl=" << pdl << " "
-                                 << problem.variant() << " rel=" << cmp.rel << " bar=" << bar
-                                 << " non-finite=" << cmp.non_finite;
-      }
-      for (const auto& [split, batch] : kLoadBatches) {
-        const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
         const ScopedEnv batched("FINEGEMM_DECODE_LOAD_BATCH", batch);
         const auto cmp = run_and_compare(data);
         if (!cmp.ok(kMoeBar) && noise < 0.0) noise = reference_noise(data, 1e-4, 6);
         const double bar = std::max(kMoeBar, 2.0 * noise);
-        EXPECT_TRUE(cmp.ok(bar)) << recipe.name << " T=" << tokens << " split=" << split << " load batch=" << batch
-                                 << " " << problem.variant() << " rel=" << cmp.rel << " bar=" << bar
-                                 << " non-finite=" << cmp.non_finite;
+        EXPECT_TRUE(cmp.ok(bar)) << recipe.name << " T=" << tokens << " split=" << split << " pdl=" << pdl
+                                 << " load batch=" << batch << " " << problem.variant() << " rel=" << cmp.rel
+                                 << " bar=" << bar << " non-finite=" << cmp.non_finite;
       }
     }
   }
