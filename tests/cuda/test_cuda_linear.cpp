@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -130,7 +131,10 @@ struct SwitchRuns {
     return on.bytes.size() == off.bytes.size() && std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size()) == 0;
   }
 };
+// The switches it serves belong to the general kernel, so the lean kernel is off meanwhile (at prefill sizes of its
+// recipes it would otherwise take both runs, and the comparison would test nothing).
 SwitchRuns run_with_switch(const char* env, const LinearArgs& args) {
+  const ScopedEnv no_lean("FINEGEMM_GEMM_LEAN", "0");
   setenv(env, "1", 1);
   Buffer on = run_on_gpu(args);
   setenv(env, "0", 1);
@@ -477,6 +481,30 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
       EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
     }
   }
+}
+
+// The lean kernel's default tile height (host code): 256 rows where the waves of 256-row tiles cost less than those of
+// 128-row tiles, 128 where one wave of them fills the GPU, none below 128 rows or where the tiles would leave more
+// than 30% of their waves' SM slots idle (the general kernel's 64-column tiles and split-K fill those better).
+TEST(GemmConfig, LeanTileHeight) {
+  auto pick = [](int m, int n, int k) {
+    cuda::GemmParams p;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    return cuda::lean_gemm_block_m(p, 132);
+  };
+  EXPECT_EQ(pick(4096, 7168, 16384), 256);  // 896 tiles of 256 rows: 7 waves; 1792 of 128: 14
+  EXPECT_EQ(pick(4096, 4096, 7168), 256);
+  EXPECT_EQ(pick(4096, 24576, 1536), 256);
+  EXPECT_EQ(pick(512, 7168, 16384), 256);  // one wave of 112 tiles, against two of 128 rows
+  EXPECT_EQ(pick(512, 4096, 7168), 128);   // 128 tiles: one wave either way, half the rows each
+  EXPECT_EQ(pick(128, 32768, 512), 128);
+  EXPECT_EQ(pick(4096, 2112, 7168), 128);  // 544 tiles in 5 waves fill 82%; 272 of 256 rows in 3 fill 69%
+  EXPECT_EQ(pick(512, 2112, 7168), 0);     // 68 tiles on 132 SMs
+  EXPECT_EQ(pick(4096, 576, 7168), 0);     // 80 tiles of 256 rows
+  EXPECT_EQ(pick(128, 7168, 16384), 0);    // 56 tiles
+  EXPECT_EQ(pick(64, 32768, 512), 0);      // below kLeanMinM
 }
 
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of
@@ -1005,56 +1033,89 @@ TEST_F(CudaTest, MMajorActivationScalesSameBits) {
   }
 }
 
-// The lean kernel (FINEGEMM_GEMM_LEAN=1: 128x128 tiles, =256: 256x128; off; sm90_fp8_gemm_lean.cuh) against the
-// general kernel's 128x128 tiles (FINEGEMM_GEMM_CONFIG=128x128:1, the TMA-store epilogue): the same arithmetic in the
-// same order, so the same bits, on the recipes it serves (1x128 activations, 128x128 blocks; FP32 and UE8M0 weight
-// scales), M-major activation scales (the bulk copy), checked against the reference too, and with a launch counter
-// that proves the lean kernel ran. Shapes: M and N tails (M = 300 leaves a 256-row tile 44 rows, M = 516 a 128-row
-// tile 4 and a one-word scale copy, M = 96 a 256-row tile without its second half), one K block, K blocks that leave
-// the last lap partial for every stage count (K = 1280: ten blocks; 1408: eleven), and more tiles than SMs at both
-// heights with partial last laps (M = 2048, N = 2176, K = 1408: 136 tiles of 256 rows, 272 of 128). BF16 and F16
-// output. An unknown value is refused with a clear error.
+// The lean kernel (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1 forces 128x128 tiles, =256 256x128, =0 turns it off)
+// against the general kernel's 128x128 tiles (FINEGEMM_GEMM_CONFIG=128x128:1 with the lean kernel off, the TMA-store
+// epilogue): the same arithmetic in the same order, so the same bits, on every recipe it serves (128x128 weight blocks
+// with FP32, UE8M0 and packed UE8M0 scales; 1x128 activations through M-major scales, the bulk copy, both prequantized
+// and quantized by the library from BF16; static per-tensor activations with no A scales), checked against the
+// reference too, with a launch counter that proves the lean kernel ran. Shapes: M and N tails (M = 300 leaves a
+// 256-row tile 44 rows, M = 516 a 128-row tile 4 and a one-word scale copy, M = 96 a 256-row tile without its second
+// half), one K block, K blocks that leave the last lap partial for every stage count (K = 1280: ten blocks; 1408:
+// eleven), and more tiles than SMs at both heights with partial last laps (M = 2048, N = 2176, K = 1408: 136 tiles of
+// 256 rows, 272 of 128). BF16 and F16 output. Then the default choice: with the switch unset a shape that fills the
+// GPU takes the lean kernel and one of M <= 64 does not, a forced general config keeps it off, and an unknown value
+// is refused with a clear error.
 TEST_F(CudaTest, LeanKernelSameBits) {
   std::vector<NamedRecipe> kinds;
   for (const auto& r : all_recipes())
-    if (r.activation.granularity == ActGranularity::PerTokenGroup && r.activation.group_size == 128 &&
-        r.weight.element != ElementType::FP4_E2M1 && r.weight.granularity == WeightGranularity::Block &&
-        r.weight.block_n == 128 && r.weight.block_k == 128)
+    if (r.weight.element != ElementType::FP4_E2M1 && r.weight.granularity == WeightGranularity::Block &&
+        r.weight.block_n == 128 && r.weight.block_k == 128 &&
+        ((r.activation.granularity == ActGranularity::PerTokenGroup && r.activation.group_size == 128) ||
+         r.activation.is_static()))
       kinds.push_back(r);
-  ASSERT_GE(kinds.size(), 2u) << "all_recipes() lost the block-128 recipes with 1x128 activations";
+  ASSERT_GE(kinds.size(), 6u) << "all_recipes() lost the block-128 recipes with 1x128 or static activations";
   const int64_t shapes[][3] = {{300, 1000, 1408}, {128, 256, 128}, {516, 384, 1280}, {96, 640, 768}, {2048, 2176, 1408}};
+  int static_cases = 0, bf16_cases = 0;
   for (size_t r = 0; r < kinds.size(); ++r) {
     const auto& recipe = kinds[r];
+    const bool is_static = recipe.activation.is_static();
     for (const auto& shape : shapes) {
       const auto [m, n, k] = std::tuple{shape[0], shape[1], shape[2]};
       if (m == 2048 && r > 0) continue;  // the large shape once (its reference takes seconds)
       for (DType out : {DType::BF16, DType::F16}) {
         if (out == DType::F16 && m != 300) continue;
+        // Prequantized E4M3 with the scales M-major on the device, or BF16 quantized by the library (static recipes;
+        // the first recipe at M = 300 and 516, the library's own M-major scale buffer).
+        const bool from_bf16 = is_static || (r == 0 && (m == 300 || m == 516));
         const int64_t groups = k / 128, ld = (m + 3) / 4 * 4;
         LinearCase c = make_case(recipe, m, n, k, DType::BF16, out, false);
-        prequantize(c, recipe.activation);
-        const MMajorScales scales = m_major_scales(c, m, groups, ld, 0.0f);
-        const TensorView& view = scales.view;
+        std::optional<MMajorScales> scales;
+        if (!from_bf16) {
+          prequantize(c, recipe.activation);
+          scales.emplace(m_major_scales(c, m, groups, ld, 0.0f));
+        }
+        const TensorView* view = scales ? &scales->view : nullptr;
+        static_cases += is_static;
+        bf16_cases += from_bf16 && !is_static;
         Buffer general;
         {
           const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "128x128:1"), no_lean("FINEGEMM_GEMM_LEAN", "0");
-          general = run_on_gpu(c.args, {}, &view);
+          const long long launches = cuda::lean_gemm_launches();
+          general = run_on_gpu(c.args, {}, view);
+          EXPECT_EQ(cuda::lean_gemm_launches(), launches) << "FINEGEMM_GEMM_LEAN=0 still took the lean kernel";
         }
         const Buffer ref = run_reference(c.args, out, m, n);
         for (const char* tiles : {"1", "256"}) {
           const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles);
           const long long launches = cuda::lean_gemm_launches();
-          const Buffer got = run_on_gpu(c.args, {}, &view);
+          const Buffer got = run_on_gpu(c.args, {}, view);
           EXPECT_EQ(cuda::lean_gemm_launches(), launches + 1)
               << "the lean kernel did not run: " << recipe.name << " M=" << m << " N=" << n << " K=" << k;
           EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
-                                              << " out=" << dtype_name(out) << " FINEGEMM_GEMM_LEAN=" << tiles;
+                                              << " out=" << dtype_name(out) << " FINEGEMM_GEMM_LEAN=" << tiles
+                                              << (from_bf16 ? " (BF16 input)" : "");
           const auto cmp = testing::compare(got, ref);
           EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles;
           EXPECT_LE(cmp.rel, tolerance(out)) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles;
         }
       }
     }
+  }
+  EXPECT_GE(static_cases, 8) << "no static-activation case ran";
+  EXPECT_GE(bf16_cases, 2) << "no case quantized by the library ran";
+  // The default: 1024 x 4096 x 512 fills the GPU (128 tiles of 256 rows, 256 of 128) and takes the lean kernel; M = 16
+  // (the decode kernel) and a forced general config do not.
+  for (const auto& [m, n, k, want_lean, config] :
+       {std::tuple<int64_t, int64_t, int64_t, bool, const char*>{1024, 4096, 512, true, ""},
+        {16, 4096, 512, false, ""},
+        {1024, 4096, 512, false, "128x128:1"}}) {
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+    LinearCase c = make_case(kinds[0], m, n, k, DType::BF16, DType::BF16, false);
+    const long long launches = cuda::lean_gemm_launches();
+    const auto cmp = testing::compare(run_on_gpu(c.args), run_reference(c.args, DType::BF16, m, n));
+    EXPECT_EQ(cuda::lean_gemm_launches(), launches + (want_lean ? 1 : 0)) << "M=" << m << " config='" << config << "'";
+    EXPECT_EQ(cmp.non_finite, 0) << "M=" << m;
+    EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << "M=" << m;
   }
   const ScopedEnv bad("FINEGEMM_GEMM_LEAN", "192");
   LinearCase c = make_case(kinds[0], 300, 256, 512, DType::BF16, DType::BF16, false);

@@ -1,7 +1,9 @@
-// A lean dense FP8 GEMM for the main recipe only (FINEGEMM_GEMM_LEAN=1 / 256, off; written at stop 35, not yet run on
-// the H200): 128x128 or 256x128 tiles, two consumer warpgroups and one TMA thread, E4M3 A with 1x128 scales copied M-major in bulk,
-// E4M3 B with 128x128 block scales (any scale format load_b_scale reads), K a multiple of 128, 16-bit output through
-// shared memory and TMA stores, no bias, column scale or split-K.
+// A lean dense FP8 GEMM for the block-128 weight recipes (written at stop 35, first run and made the default at stop 36;
+// FINEGEMM_GEMM_LEAN picks or turns it off): 128x128 or 256x128 tiles, two consumer warpgroups and one TMA thread, E4M3 A
+// with 1x128 scales copied M-major in bulk (kAScale) or with no K-granular scale (static per-tensor or per-token
+// activations: their scale is the epilogue's row scale), E4M3 B with 128x128 block scales (any scale format
+// load_b_scale reads), K a multiple of 128, 16-bit output through shared memory and TMA stores, no bias, column scale
+// or split-K.
 //
 // Why it exists: the general kernel (sm90_fp8_gemm.cuh) keeps its ring position in registers across tiles, so each K
 // block rebuilds its stage's barrier and descriptor addresses; stop 35 counted ~135 executed instructions per K block
@@ -40,7 +42,7 @@ struct LeanGemm {
 };
 
 // Tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block t / num_m_blocks.
-template <int BLOCK_M, int kStages>
+template <int BLOCK_M, int kStages, bool kAScale>
 __global__ void __launch_bounds__(384, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(384, 1)
       uint32_t lap_count = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         const int m0 = t % num_m_blocks * BLOCK_M, n0 = t / num_m_blocks * kLeanBlockN;
-        const uint32_t sfa_bytes = static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16);
+        const uint32_t sfa_bytes = kAScale ? static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16) : 0u;
         for (int lap = 0; lap < laps; ++lap, ++lap_count) {
           const uint32_t free_parity = (lap_count & 1u) ^ 1u;
 #pragma unroll
@@ -93,7 +95,8 @@ __global__ void __launch_bounds__(384, 1)
               ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + L::kStageB + sfa_bytes);
               ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
               ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, n0);
-              ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
+              if constexpr (kAScale)
+                ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
             } else {
               ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
             }
@@ -140,7 +143,8 @@ __global__ void __launch_bounds__(384, 1)
       const float* sa = smem_sfa + s * BLOCK_M;
 #pragma unroll
       for (int half = 0; half < L::kHalves; ++half) {
-        const float lo0 = sa[r0 + 128 * half] * sb, lo1 = sa[r0 + 128 * half + 8] * sb;
+        // Without A scales the general kernel multiplies by 1.0f: the same bits as sb itself.
+        const float lo0 = kAScale ? sa[r0 + 128 * half] * sb : sb, lo1 = kAScale ? sa[r0 + 128 * half + 8] * sb : sb;
         ptx::fence_operands(acc);
         ptx::wgmma_fence();
 #pragma unroll

@@ -396,14 +396,25 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
         launch_sm90_fp8_gemm(a, lda, w, q.k, q, stream);
       }))
     return;
-  // The lean kernel (FINEGEMM_GEMM_LEAN=1: 128x128 tiles, =256: 256x128; off until measured): prefill sizes of the
-  // main recipe only.
-  if (const char* lean = std::getenv("FINEGEMM_GEMM_LEAN"); lean && *lean && std::string(lean) != "0" &&
-                                                               !(fp4_decode || fp8_decode) && !p.b_fp4 && promote_k == 128) {
-    const int block_m = std::string(lean) == "256" ? 256 : (std::string(lean) == "1" ? 128 : 0);
-    if (block_m == 0)
-      throw Error(std::string("FINEGEMM_GEMM_LEAN: expected 0, 1 (128x128 tiles) or 256 (256x128), got '") + lean + "'");
-    if (lean_gemm_ok(p, block_m, device)) {
+  // The lean kernel (sm90_fp8_gemm_lean.cuh) for the recipes it serves: by default at the tile height
+  // lean_gemm_block_m picks (none where FINEGEMM_GEMM_CONFIG forces a general config); FINEGEMM_GEMM_LEAN=0 off, =1
+  // 128x128 tiles, =256 256x128. H200, stop 36, M = 4096 N = 7168 K = 16384: 677 µs at 256 rows, 747 at 128, 835 the
+  // general kernel's default; M = 512 N = 4096 K = 7168: 24.1 µs (128 rows) vs 29.9 (general).
+  if (!(fp4_decode || fp8_decode) && !p.b_fp4 && promote_k == 128) {
+    const char* lean = std::getenv("FINEGEMM_GEMM_LEAN");
+    const std::string forced = lean ? lean : "";
+    int block_m = 0;
+    if (forced.empty()) {
+      const char* config = std::getenv("FINEGEMM_GEMM_CONFIG");
+      if (!(config && *config)) block_m = lean_gemm_block_m(p, num_sms_of_device(device));
+    } else if (forced == "1") {
+      block_m = 128;
+    } else if (forced == "256") {
+      block_m = 256;
+    } else if (forced != "0") {
+      throw Error("FINEGEMM_GEMM_LEAN: expected 0 (off), 1 (128x128 tiles) or 256 (256x128), got '" + forced + "'");
+    }
+    if (block_m != 0 && lean_gemm_ok(p, block_m, device)) {
       launch_sm90_fp8_gemm_lean(a, lda, b, ldb, p, block_m, device, stream);
       return;
     }

@@ -39,13 +39,20 @@ bool a_scale_bulk_ok(const GemmParams& p);
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
                           cudaStream_t stream);
 
-// The lean kernel (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1: 128x128 tiles, =256: 256x128; off, not yet
-// measured): the main recipe only (1x128 A scales that the bulk copy reads, 128x128 B block scales, K % 128 == 0,
-// 16-bit output through TMA stores, no bias, column scale, row weight or split-K). launch_sm90_fp8_gemm takes it
-// where lean_gemm_ok holds and the switch is on.
+// The lean kernel (sm90_fp8_gemm_lean.cuh): 128x128 or 256x128 tiles for E4M3 weights with 128x128 block scales and
+// 1x128 A scales that the bulk copy reads or none (static per-tensor, per-token), K % 128 == 0, 16-bit output through
+// TMA stores, no bias, column scale, row weight or split-K. launch_sm90_fp8_gemm takes it where lean_gemm_ok holds
+// and lean_gemm_block_m picks a height (FINEGEMM_GEMM_LEAN unset and no FINEGEMM_GEMM_CONFIG), or as forced:
+// FINEGEMM_GEMM_LEAN=0 off, =1 128-row tiles, =256 256-row tiles.
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device);
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream);
+// The lean kernel's tile height for p on num_sms SMs by default: 0 (the general kernel) below kLeanMinM rows or where
+// the lean tiles would fill less than kLeanMinFillPercent of the SM slots of their waves, else 128 or 256, whichever
+// takes fewer 128-row tile times.
+inline constexpr int kLeanMinM = 128;
+inline constexpr int kLeanMinFillPercent = 70;
+int lean_gemm_block_m(const GemmParams& p, int num_sms);
 // How many lean-kernel launches this process has made (tests check that the switch took the lean kernel).
 long long lean_gemm_launches();
 

@@ -1,5 +1,5 @@
-// Launch of the lean GEMM (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1 for 128x128 tiles, =256 for 256x128; off until
-// measured on the H200).
+// Launch of the lean GEMM (sm90_fp8_gemm_lean.cuh): the default for the recipes it serves at prefill sizes since stop 36
+// (lean_gemm_block_m picks the tile height); FINEGEMM_GEMM_LEAN=0 turns it off, =1 forces 128x128 tiles, =256 256x128.
 #include <atomic>
 
 #include "cuda/kernels/sm90_fp8_gemm_lean.cuh"
@@ -29,11 +29,11 @@ int lean_smem_bytes(int block_m, int stages, int num_kb) {
   return lean_smem<256, 3>(num_kb);
 }
 
-template <int BLOCK_M, int kStages>
+template <int BLOCK_M, int kStages, bool kAScale>
 void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
                  cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages>;
+  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale>;
   // The shared-memory attribute: the opt-in maximum, once per device (the launch passes what this K needs).
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   if (device >= kMaxDevices || !attribute_set[device].load(std::memory_order_acquire)) {
@@ -61,10 +61,10 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
   if (block_m != 128 && block_m != 256) return false;
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kGemmBlockK != 0) return false;
   const int num_kb = p.k / kGemmBlockK;
-  // The A scales by the bulk copy (FINEGEMM_GEMM_SCALE_BULK=0 turns that off here too), one per K block; the B
-  // scales' rows reach every K block.
-  if (p.a_scale == nullptr || p.a_group != 128 || !a_scale_bulk_wanted() || !a_scale_bulk_ok(p) ||
-      p.a_scale_cols != num_kb)
+  // The A scales by the bulk copy (FINEGEMM_GEMM_SCALE_BULK=0 turns that off here too), one per K block, or none
+  // (static per-tensor and per-token activations: a row scale in the epilogue); the B scales' rows reach every K block.
+  if (p.a_scale != nullptr &&
+      (p.a_group != 128 || !a_scale_bulk_wanted() || !a_scale_bulk_ok(p) || p.a_scale_cols != num_kb))
     return false;
   if (p.b_scale == nullptr || p.b_block_n != kLeanBlockN || p.b_block_k != kGemmBlockK || p.b_fp4 ||
       p.b_scale_cols < num_kb)
@@ -78,12 +78,32 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream) {
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
-  if (block_m == 256) {
-    launch_lean<256, 3>(a, lda, b, ldb, p, device, stream);
-  } else {
-    if (stages == 5) launch_lean<128, 5>(a, lda, b, ldb, p, device, stream);
-    else launch_lean<128, 4>(a, lda, b, ldb, p, device, stream);
-  }
+  auto launch = [&](auto a_scale) {
+    constexpr bool kA = decltype(a_scale)::value;
+    if (block_m == 256) launch_lean<256, 3, kA>(a, lda, b, ldb, p, device, stream);
+    else if (stages == 5) launch_lean<128, 5, kA>(a, lda, b, ldb, p, device, stream);
+    else launch_lean<128, 4, kA>(a, lda, b, ldb, p, device, stream);
+  };
+  if (p.a_scale != nullptr) launch(std::true_type{});
+  else launch(std::false_type{});
+}
+
+int lean_gemm_block_m(const GemmParams& p, int num_sms) {
+  // Where a wave of 128-row tiles would leave most SMs idle (decode-like and narrow shapes), the general kernel's
+  // smaller tiles and split-K fill the GPU better.
+  if (p.m < kLeanMinM || num_sms <= 0) return 0;
+  // Cost in 128-row tile times: waves (the persistent grid takes tiles round robin, so a partial wave costs a whole
+  // one) times the tile height, 256-row tiles ~10% cheaper per row (stop 36, H200, M = 4096: 677 vs 747 µs at N = 7168
+  // K = 16384, 180 vs 194 at N = 4096 K = 7168, 259 vs 276 at N = 24576 K = 1536).
+  const int64_t col_blocks = ceil_div(p.n, kLeanBlockN);
+  auto waves = [&](int block_m) { return ceil_div(int64_t{ceil_div(p.m, block_m)} * col_blocks, int64_t{num_sms}); };
+  const int64_t w128 = waves(128), w256 = waves(256);
+  const int block_m = 2 * w256 * 10 < w128 * 11 ? 256 : 128;
+  // The filled share of the last wave's SMs over the whole run: below kLeanMinFill the general kernel's tile choice
+  // wins (its 64-column tiles and split-K).
+  const int64_t tiles = int64_t{ceil_div(p.m, block_m)} * col_blocks;
+  const int64_t slots = (block_m == 256 ? w256 : w128) * num_sms;
+  return tiles * 100 >= slots * kLeanMinFillPercent ? block_m : 0;
 }
 
 long long lean_gemm_launches() { return lean_launch_count.load(std::memory_order_relaxed); }
