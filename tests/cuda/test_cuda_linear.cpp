@@ -483,10 +483,11 @@ TEST(GemmConfig, ForcedConfigsAndSharedAPairs) {
   }
 }
 
-// The lean kernel's default tile height (host code): 256 rows where the waves of 256-row tiles cost less than those of
-// 128-row tiles, 128 where one wave of them fills the GPU, none below 128 rows or where the tiles would leave more
-// than 30% of their waves' SM slots idle (the general kernel's 64-column tiles and split-K fill those better).
+// The lean kernel's default tile height (host code): the cost model's picks at issue 3's prefill shapes, each the
+// measured winner of stop 36's A/B (H200: general vs lean 128 vs lean 256 rows), and none below 128 rows.
 TEST(GemmConfig, LeanTileHeight) {
+  const ScopedEnv unset("FINEGEMM_GEMM_CONFIG", "");
+  unsetenv("FINEGEMM_GEMM_CONFIG");
   auto pick = [](int m, int n, int k) {
     cuda::GemmParams p;
     p.m = m;
@@ -494,17 +495,28 @@ TEST(GemmConfig, LeanTileHeight) {
     p.k = k;
     return cuda::lean_gemm_block_m(p, 132);
   };
-  EXPECT_EQ(pick(4096, 7168, 16384), 256);  // 896 tiles of 256 rows: 7 waves; 1792 of 128: 14
-  EXPECT_EQ(pick(4096, 4096, 7168), 256);
-  EXPECT_EQ(pick(4096, 24576, 1536), 256);
-  EXPECT_EQ(pick(512, 7168, 16384), 256);  // one wave of 112 tiles, against two of 128 rows
-  EXPECT_EQ(pick(512, 4096, 7168), 128);   // 128 tiles: one wave either way, half the rows each
-  EXPECT_EQ(pick(128, 32768, 512), 128);
-  EXPECT_EQ(pick(4096, 2112, 7168), 128);  // 544 tiles in 5 waves fill 82%; 272 of 256 rows in 3 fill 69%
-  EXPECT_EQ(pick(512, 2112, 7168), 0);     // 68 tiles on 132 SMs
-  EXPECT_EQ(pick(4096, 576, 7168), 0);     // 80 tiles of 256 rows
-  EXPECT_EQ(pick(128, 7168, 16384), 0);    // 56 tiles
-  EXPECT_EQ(pick(64, 32768, 512), 0);      // below kLeanMinM
+  // (M, N, K, pick): graph-replay µs general / lean 128 / lean 256 in the comments.
+  for (const auto& [m, n, k, want] : {std::tuple{4096, 7168, 16384, 256},  // 835 / 747 / 677 (events)
+                                      {4096, 4096, 7168, 256},             // 218 / 191 / 176
+                                      {4096, 24576, 1536, 256},            // 281 / 271 / 252
+                                      {4096, 7168, 2048, 256},             // 115 / 102 / 97
+                                      {4096, 2112, 7168, 0},               // 113 / 117 / 127
+                                      {4096, 576, 7168, 0},                // 35 / 46 / 40
+                                      {512, 7168, 16384, 256},             // 123 / 99 / 93
+                                      {512, 4096, 7168, 128},              // 30 / 24 / 40
+                                      {512, 2112, 7168, 128},              // 24.2 / 21.5 / 38.7
+                                      {512, 24576, 1536, 256},             // 42 / 38 / 35
+                                      {512, 32768, 512, 256},              // 27.0 / 26.2 / 25.1
+                                      {512, 576, 7168, 0},                 // 15 / 21 / 38
+                                      {128, 32768, 512, 128},              // 10.4 / 9.2 / 13.7
+                                      {128, 24576, 1536, 0},               // 16.0 / 16.9 / 26.5
+                                      {128, 7168, 16384, 0},               // 47.2 / 49.8 / 84.6
+                                      {128, 4096, 7168, 0},                // 19.1 / 22.2 / 38.9
+                                      {128, 2112, 7168, 0},                // 12.9 / 21.4 / 38.3
+                                      {128, 576, 7168, 0},                 // 9.6 / 20.9 / 37.9
+                                      {64, 32768, 512, 0}}) {              // below kLeanMinM
+    EXPECT_EQ(pick(m, n, k), want) << "M=" << m << " N=" << n << " K=" << k;
+  }
 }
 
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of

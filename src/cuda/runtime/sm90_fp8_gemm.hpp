@@ -48,10 +48,9 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device);
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream);
 // The lean kernel's tile height for p on num_sms SMs by default: 0 (the general kernel) below kLeanMinM rows or where
-// the lean tiles would fill less than kLeanMinFillPercent of the SM slots of their waves, else 128 or 256, whichever
-// takes fewer 128-row tile times.
+// a cost model (waves x tile area / measured efficiency, sm90_fp8_gemm_lean.cu) expects the general kernel's choice
+// (choose_gemm_config) to be faster, else 128 or 256, whichever it expects faster.
 inline constexpr int kLeanMinM = 128;
-inline constexpr int kLeanMinFillPercent = 70;
 int lean_gemm_block_m(const GemmParams& p, int num_sms);
 // How many lean-kernel launches this process has made (tests check that the switch took the lean kernel).
 long long lean_gemm_launches();
