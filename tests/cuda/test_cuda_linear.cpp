@@ -1045,16 +1045,17 @@ TEST_F(CudaTest, MMajorActivationScalesSameBits) {
   }
 }
 
-// The lean kernel (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1 forces 128x128 tiles, =256 256x128, =0 turns it off)
+// The lean kernel (sm90_fp8_gemm_lean.cuh; FINEGEMM_GEMM_LEAN=1 forces 128x128 tiles, =192 192x128 (three consumer
+// warpgroups), =256 256x128, =0 turns it off)
 // against the general kernel's 128x128 tiles (FINEGEMM_GEMM_CONFIG=128x128:1 with the lean kernel off, the TMA-store
 // epilogue): the same arithmetic in the same order, so the same bits, on every recipe it serves (128x128 weight blocks
 // with FP32, UE8M0 and packed UE8M0 scales; 1x128 activations through M-major scales, the bulk copy, both prequantized
 // and quantized by the library from BF16; static per-tensor activations with no A scales), checked against the
 // reference too, with a launch counter that proves the lean kernel ran. Shapes: M and N tails (M = 300 leaves a
-// 256-row tile 44 rows, M = 516 a 128-row tile 4 and a one-word scale copy, M = 96 a 256-row tile without its second
-// half), one K block, K blocks that leave the last lap partial for every stage count (K = 1280: ten blocks; 1408:
-// eleven), and more tiles than SMs at both heights with partial last laps (M = 2048, N = 2176, K = 1408: 136 tiles of
-// 256 rows, 272 of 128). BF16 and F16 output. Then the default choice: with the switch unset a shape that fills the
+// 256-row tile 44 rows and a 192-row tile 108, so its third warpgroup no rows; M = 516 a 128-row tile 4 and a
+// one-word scale copy, M = 96 a 256-row tile without its second half), one K block, K blocks that leave the last lap
+// partial for every stage count (K = 1280: ten blocks; 1408: eleven), and more tiles than SMs at every height with
+// partial last laps (M = 2048, N = 2176, K = 1408: 136 tiles of 256 rows, 187 of 192, 272 of 128). BF16 and F16 output. Then the default choice: with the switch unset a shape that fills the
 // GPU takes the lean kernel and one of M <= 64 does not, a forced general config keeps it off, and an unknown value
 // is refused with a clear error.
 TEST_F(CudaTest, LeanKernelSameBits) {
@@ -1097,7 +1098,7 @@ TEST_F(CudaTest, LeanKernelSameBits) {
           EXPECT_EQ(cuda::lean_gemm_launches(), launches) << "FINEGEMM_GEMM_LEAN=0 still took the lean kernel";
         }
         const Buffer ref = run_reference(c.args, out, m, n);
-        for (const char* tiles : {"1", "256"}) {
+        for (const char* tiles : {"1", "192", "256"}) {
           const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles);
           const long long launches = cuda::lean_gemm_launches();
           const Buffer got = run_on_gpu(c.args, {}, view);
@@ -1129,7 +1130,7 @@ TEST_F(CudaTest, LeanKernelSameBits) {
     EXPECT_EQ(cmp.non_finite, 0) << "M=" << m;
     EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << "M=" << m;
   }
-  const ScopedEnv bad("FINEGEMM_GEMM_LEAN", "192");
+  const ScopedEnv bad("FINEGEMM_GEMM_LEAN", "128");  // the height is 1 for 128-row tiles
   LinearCase c = make_case(kinds[0], 300, 256, 512, DType::BF16, DType::BF16, false);
   EXPECT_THROW(run_on_gpu(c.args), Error);
 }

@@ -1,5 +1,5 @@
 // A lean dense FP8 GEMM for the block-128 weight recipes (written at stop 35, first run and made the default at stop 36;
-// FINEGEMM_GEMM_LEAN picks or turns it off): 128x128 or 256x128 tiles, two consumer warpgroups and one TMA thread, E4M3 A
+// FINEGEMM_GEMM_LEAN picks or turns it off): 128x128, 192x128 or 256x128 tiles, two or three consumer warpgroups and one TMA thread, E4M3 A
 // with 1x128 scales copied M-major in bulk (kAScale) or with no K-granular scale (static per-tensor or per-token
 // activations: their scale is the epilogue's row scale), E4M3 B with 128x128 block scales (any scale format
 // load_b_scale reads), K a multiple of 128, 16-bit output through shared memory and TMA stores, no bias, column scale
@@ -8,7 +8,7 @@
 // Why it exists: the general kernel (sm90_fp8_gemm.cuh) keeps its ring position in registers across tiles, so each K
 // block rebuilds its stage's barrier and descriptor addresses; stop 35 counted ~135 executed instructions per K block
 // and consumer warp in its hottest loop, 64 of them the promotion's FMAs. Here every tile starts at stage 0 and the
-// K loop runs in laps of kStages K blocks (4 or 5 at 128 rows, 3 at 256) with the stage index a compile-time constant inside a lap (the last lap
+// K loop runs in laps of kStages K blocks (4 or 5 at 128 rows, 4 at 192, 3 at 256) with the stage index a compile-time constant inside a lap (the last lap
 // of a tile pads its unused stages: the TMA thread arrives on their full barriers without data and the consumers pass
 // them), so stage addresses, barrier addresses and descriptor words fold into constants. The arithmetic is the
 // general kernel's in the same order (four k32 wgmma steps per K block from zero, total = fma(acc, a_scale · b_scale,
@@ -18,17 +18,27 @@
 
 namespace finegemm::cuda {
 
-// BLOCK_M = 128: each consumer warpgroup takes 64 rows; 256: each takes two 64-row halves (rows 64·wg and 128 + 64·wg)
-// through one accumulator set in turn, promoting each into its own total (128 + 64 accumulator registers), so that a
-// stage's B tile serves twice the rows.
+// BLOCK_M = 128: two consumer warpgroups of 64 rows each; 192: three (FINEGEMM_GEMM_LEAN=192, since stop 36, not yet
+// measured; 512 threads, 152 registers per consumer thread); 256: two, each taking two 64-row halves (rows 64·wg and
+// 128 + 64·wg) through one accumulator set in turn, promoting each into its own total (128 + 64 accumulator
+// registers), so that a stage's B tile serves twice the rows.
 inline constexpr int kLeanBlockN = 128;
-// kStages: 4 or 5 at 128 rows, 3 at 256 (what fits beside the staging tiles); at 128 rows the launcher takes the count
+// kStages: 4 or 5 at 128 rows, 4 at 192, 3 at 256 (what fits beside the staging tiles); at 128 rows the launcher takes the count
 // that leaves the fewest pad stages in a tile's last lap, since those keep the next tile's first loads waiting.
 template <int BLOCK_M, int kStagesT>
 struct LeanGemm {
-  static_assert(BLOCK_M == 128 || BLOCK_M == 256, "lean GEMM: 128- or 256-row tiles");
-  static_assert(kStagesT >= 2 && kStagesT <= (BLOCK_M == 128 ? 5 : 3), "lean GEMM: stages that fit in 227 KB");
-  static constexpr int kHalves = BLOCK_M / 128;                // 64-row halves per consumer warpgroup
+  static_assert(BLOCK_M == 128 || BLOCK_M == 192 || BLOCK_M == 256, "lean GEMM: 128-, 192- or 256-row tiles");
+  static_assert(kStagesT >= 2 && kStagesT <= (BLOCK_M == 128 ? 5 : (BLOCK_M == 192 ? 4 : 3)),
+                "lean GEMM: stages that fit in 227 KB");
+  static constexpr int kWGs = BLOCK_M == 192 ? 3 : 2;          // consumer warpgroups
+  static constexpr int kHalves = BLOCK_M == 256 ? 2 : 1;       // 64-row passes per consumer warpgroup
+  static constexpr int kPassRows = 64 * kWGs;                  // rows of one pass of all consumer warpgroups
+  static constexpr int kConsumerThreads = 128 * kWGs;
+  static constexpr int kThreads = kConsumerThreads + 128;      // and one TMA warpgroup (one thread works)
+  // setmaxnreg: the launch allocates 65536 / kThreads per thread (168 at 384 threads, 128 at 512); 40 + 2 x 232 = 504
+  // = 3 x 168, and 56 + 3 x 152 = 512 = 4 x 128 (the general kernel's split for three consumers).
+  static constexpr int kProducerRegs = kWGs == 2 ? 40 : 56;
+  static constexpr int kConsumerRegs = kWGs == 2 ? 232 : 152;
   static constexpr int kStages = kStagesT;
   static constexpr int kStageA = BLOCK_M * kGemmBlockK;        // 16 or 32 KB
   static constexpr int kStageB = kLeanBlockN * kGemmBlockK;    // 16 KB
@@ -43,7 +53,7 @@ struct LeanGemm {
 
 // Tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block t / num_m_blocks.
 template <int BLOCK_M, int kStages, bool kAScale>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
@@ -66,7 +76,7 @@ __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], 256);  // every consumer thread, after its last read of the stage
+      ptx::mbar_init(&empty[s], L::kConsumerThreads);  // every consumer thread, after its last read of the stage
     }
     ptx::fence_barrier_init();
   }
@@ -75,10 +85,10 @@ __global__ void __launch_bounds__(384, 1)
   ptx::fence_proxy_async_shared();
   __syncthreads();
 
-  if (threadIdx.x >= 256) {
-    // ---------------- TMA thread (warpgroup 2, thread 0).
-    ptx::setmaxnreg_dec<40>();
-    if (threadIdx.x == 256) {
+  if (threadIdx.x >= L::kConsumerThreads) {
+    // ---------------- TMA thread (the last warpgroup, thread 0).
+    ptx::setmaxnreg_dec<L::kProducerRegs>();
+    if (threadIdx.x == L::kConsumerThreads) {
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t lap_count = 0;
@@ -109,19 +119,21 @@ __global__ void __launch_bounds__(384, 1)
 
   // ---------------- Consumer warpgroups (warpgroup wg: rows 64·wg .. 64·wg + 63 of the tile, and with 256-row tiles
   // also 128 + 64·wg ..).
-  ptx::setmaxnreg_inc<232>();
+  ptx::setmaxnreg_inc<L::kConsumerRegs>();
   using Mma = ptx::WgmmaFp8<kLeanBlockN>;
   // The warpgroup index through a shuffle from lane 0: ptxas then keeps it, and the descriptors built from it, in
   // uniform registers (computed from threadIdx.x they went through R2UR before every wgmma).
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int wtid = threadIdx.x % 128, cwarp = wtid / 32;
-  const int r0 = wg * 64 + cwarp * 16 + lane / 4;  // this thread's rows of the tile: r0 and r0 + 8 (+ 128 · half)
+  // This thread's rows of the tile: r0 and r0 + 8 (+ kPassRows · half).
+  const int r0 = wg * 64 + cwarp * 16 + lane / 4;
   const uint32_t desc_a0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_a) + wg * 64 * kGemmBlockK);
   const uint32_t desc_b0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(smem_b));
   constexpr uint32_t kHi = ptx::kDescHiKMajorSw128;
   auto wg_bar = [&]() {
     if (wg == 0) ptx::named_bar_sync<2, 128>();
-    else ptx::named_bar_sync<3, 128>();
+    else if (L::kWGs == 2 || wg == 1) ptx::named_bar_sync<3, 128>();
+    else ptx::named_bar_sync<4, 128>();
   };
   float acc[64];
   float total[64 * L::kHalves];
@@ -130,9 +142,9 @@ __global__ void __launch_bounds__(384, 1)
     const int m0 = t % num_m_blocks * BLOCK_M, n0 = t / num_m_blocks * kLeanBlockN;
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
     // last reads of them are done.
-    ptx::named_bar_sync<1, 256>();
-    for (int i = threadIdx.x; i < num_kb; i += 256) smem_sfb[i] = load_b_scale(p, 0, n0 / p.b_block_n, i);
-    ptx::named_bar_sync<1, 256>();
+    ptx::named_bar_sync<1, L::kConsumerThreads>();
+    for (int i = threadIdx.x; i < num_kb; i += L::kConsumerThreads) smem_sfb[i] = load_b_scale(p, 0, n0 / p.b_block_n, i);
+    ptx::named_bar_sync<1, L::kConsumerThreads>();
 #pragma unroll
     for (int i = 0; i < 64 * L::kHalves; ++i) total[i] = 0.0f;
     // K block kb in stage s: wait; per half, the four k32 steps from zero and the promotion into that half's total;
@@ -144,13 +156,14 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int half = 0; half < L::kHalves; ++half) {
         // Without A scales the general kernel multiplies by 1.0f: the same bits as sb itself.
-        const float lo0 = kAScale ? sa[r0 + 128 * half] * sb : sb, lo1 = kAScale ? sa[r0 + 128 * half + 8] * sb : sb;
+        const int rh = r0 + L::kPassRows * half;
+        const float lo0 = kAScale ? sa[rh] * sb : sb, lo1 = kAScale ? sa[rh + 8] * sb : sb;
         ptx::fence_operands(acc);
         ptx::wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kGemmBlockK / 32; ++k)
           Mma::mma(ptx::desc_from_words(
-                       desc_a0 + static_cast<uint32_t>((s * L::kStageA + half * 128 * kGemmBlockK + k * 32) >> 4), kHi),
+                       desc_a0 + static_cast<uint32_t>((s * L::kStageA + half * L::kPassRows * kGemmBlockK + k * 32) >> 4), kHi),
                    ptx::desc_from_words(desc_b0 + static_cast<uint32_t>((s * L::kStageB + k * 32) >> 4), kHi), acc,
                    k > 0);
         ptx::wgmma_commit();
@@ -189,10 +202,10 @@ __global__ void __launch_bounds__(384, 1)
     const int mat = lane >> 3, mat_row = cwarp * 16 + ((mat & 1) << 3) + (lane & 7);
 #pragma unroll
     for (int half = 0; half < L::kHalves; ++half) {
-      const int row0 = m0 + r0 + 128 * half, row1 = row0 + 8;
+      const int row0 = m0 + r0 + L::kPassRows * half, row1 = row0 + 8;
       const float rs0 = load_vec(p.row_mode, p.row_scale, min(row0, p.m - 1));
       const float rs1 = load_vec(p.row_mode, p.row_scale, min(row1, p.m - 1));
-      uint8_t* out_tile = smem_out + (wg + 2 * half) * (64 * kLeanBlockN * 2);
+      uint8_t* out_tile = smem_out + (wg + L::kWGs * half) * (64 * kLeanBlockN * 2);
       const uint32_t row_addr = ptx::smem_addr(out_tile) + static_cast<uint32_t>(mat_row * 128);
       const float* tot = total + 64 * half;
       auto store_tile = [&](auto tag) {
@@ -224,8 +237,8 @@ __global__ void __launch_bounds__(384, 1)
       for (int half = 0; half < L::kHalves; ++half)
 #pragma unroll
         for (int box = 0; box < kLeanBlockN / 64; ++box)
-          ptx::tma_store_2d(&tma_out, smem_out + (wg + 2 * half) * (64 * kLeanBlockN * 2) + box * (64 * 128),
-                            n0 * 2 + box * 128, m0 + wg * 64 + 128 * half);
+          ptx::tma_store_2d(&tma_out, smem_out + (wg + L::kWGs * half) * (64 * kLeanBlockN * 2) + box * (64 * 128),
+                            n0 * 2 + box * 128, m0 + wg * 64 + L::kPassRows * half);
       ptx::bulk_commit_group();
     }
   }

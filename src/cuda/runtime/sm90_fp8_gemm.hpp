@@ -39,11 +39,12 @@ bool a_scale_bulk_ok(const GemmParams& p);
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams params,
                           cudaStream_t stream);
 
-// The lean kernel (sm90_fp8_gemm_lean.cuh): 128x128 or 256x128 tiles for E4M3 weights with 128x128 block scales and
+// The lean kernel (sm90_fp8_gemm_lean.cuh): 128x128, 192x128 or 256x128 tiles for E4M3 weights with 128x128 block scales and
 // 1x128 A scales that the bulk copy reads or none (static per-tensor, per-token), K % 128 == 0, 16-bit output through
 // TMA stores, no bias, column scale, row weight or split-K. launch_sm90_fp8_gemm takes it where lean_gemm_ok holds
 // and lean_gemm_block_m picks a height (FINEGEMM_GEMM_LEAN unset and no FINEGEMM_GEMM_CONFIG), or as forced:
-// FINEGEMM_GEMM_LEAN=0 off, =1 128-row tiles, =256 256-row tiles.
+// FINEGEMM_GEMM_LEAN=0 off, =1 128-row tiles, =192 192-row tiles (three consumer warpgroups; not yet measured, so
+// not in the default's choice), =256 256-row tiles.
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device);
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream);

@@ -15,6 +15,7 @@ std::atomic<long long> lean_launch_count{0};
 // Stages for num_kb K blocks: 128-row tiles take 4 or 5, whichever pads fewer stages in a tile's last lap (a pad stage
 // keeps the next tile's loads waiting), 5 on a tie; 256-row tiles take 3 (a 2-stage build spilled 128 bytes).
 int lean_stages(int block_m, int num_kb) {
+  if (block_m == 192) return 4;
   if (block_m != 128) return 3;
   auto pads = [&](int s) { return (s - num_kb % s) % s; };
   return pads(4) < pads(5) ? 4 : 5;
@@ -27,6 +28,7 @@ int lean_smem(int num_kb) {
 
 int lean_smem_bytes(int block_m, int stages, int num_kb) {
   if (block_m == 128) return stages == 5 ? lean_smem<128, 5>(num_kb) : lean_smem<128, 4>(num_kb);
+  if (block_m == 192) return lean_smem<192, 4>(num_kb);
   return lean_smem<256, 3>(num_kb);
 }
 
@@ -51,7 +53,7 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
   if (tiles > INT32_MAX) throw Error("lean gemm: " + std::to_string(tiles) + " tiles, more than one grid takes");
   const int smem = L::smem_bytes(p.k / kGemmBlockK);
   const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
-  kernel<<<grid, 384, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
+  kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
   FG_CUDA_CHECK(cudaGetLastError());
   lean_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
@@ -59,7 +61,7 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
 }  // namespace
 
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
-  if (block_m != 128 && block_m != 256) return false;
+  if (block_m != 128 && block_m != 192 && block_m != 256) return false;
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kGemmBlockK != 0) return false;
   const int num_kb = p.k / kGemmBlockK;
   // The A scales by the bulk copy (FINEGEMM_GEMM_SCALE_BULK=0 turns that off here too), one per K block, or none
@@ -82,6 +84,7 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
   auto launch = [&](auto a_scale) {
     constexpr bool kA = decltype(a_scale)::value;
     if (block_m == 256) launch_lean<256, 3, kA>(a, lda, b, ldb, p, device, stream);
+    else if (block_m == 192) launch_lean<192, 4, kA>(a, lda, b, ldb, p, device, stream);
     else if (stages == 5) launch_lean<128, 5, kA>(a, lda, b, ldb, p, device, stream);
     else launch_lean<128, 4, kA>(a, lda, b, ldb, p, device, stream);
   };
