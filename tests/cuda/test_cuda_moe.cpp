@@ -13,6 +13,7 @@
 #include "cli_util.hpp"
 #include "core/device_buffer.hpp"
 #include "cuda/runtime/moe.hpp"
+#include "cuda/runtime/sm90_fp8_gemm.hpp"
 #include "testing.hpp"
 
 namespace finegemm {
@@ -62,15 +63,21 @@ double reference_noise(const tools::MoeData& data, double eps, int draws) {
   return worst;
 }
 
-tools::Comparison run_and_compare(const tools::MoeData& data, HostTensor* gpu_out = nullptr) {
-  HostTensor ref(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
-  moe_experts(data.args(ref.view), {Backend::Reference});
+// The block on the GPU into a poisoned output.
+HostTensor run_on_gpu(const tools::MoeData& data) {
   HostTensor out(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
   tools::poison(out.view);
   DeviceRun gpu(Backend::Cuda);
   MoeArgs args = gpu.upload(data.args(out.view));
   moe_experts(args, {Backend::Cuda});
   gpu.download(args.out, out.view);
+  return out;
+}
+
+tools::Comparison run_and_compare(const tools::MoeData& data, HostTensor* gpu_out = nullptr) {
+  HostTensor ref(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
+  moe_experts(data.args(ref.view), {Backend::Reference});
+  const HostTensor out = run_on_gpu(data);
   if (gpu_out) *gpu_out = out;
   const auto cmp = tools::compare(out.view, ref.view);
   // FINEGEMM_TEST_PRINT_REL=1: every case's error, not only the failing ones' (its spread over seeds).
@@ -110,6 +117,16 @@ MoeProblem small_problem(int64_t tokens, const Variant& v) {
   problem.swiglu_limit = v.limit;
   problem.interleaved = v.interleaved;
   problem.bias = v.bias;
+  return problem;
+}
+
+// T = 300, top-8 over 16 experts (~150 rows each: expert ends inside the grouped GEMM's tiles of every height), hidden
+// 640 (five 128-wide column blocks).
+MoeProblem spread_problem(const Variant& v) {
+  MoeProblem problem = small_problem(300, v);
+  problem.experts = 16;
+  problem.top_k = 8;
+  problem.hidden = 640;
   return problem;
 }
 
@@ -326,23 +343,14 @@ TEST_F(CudaMoe, GroupedTmaStoreSameBits) {
   const testing::ScopedEnv bf16_y("FINEGEMM_MOE_Y", "bf16");
   const auto recipes = all_recipes();
   for (size_t r = 0; r < recipes.size(); ++r) {
-    MoeProblem problem = small_problem(300, kVariants[r % 4]);
-    problem.experts = 16;
-    problem.top_k = 8;
-    problem.hidden = 640;  // five 128-wide column blocks
+    const MoeProblem problem = spread_problem(kVariants[r % 4]);
     const auto masters = tools::make_moe_masters(rng(), problem);
     auto data = tools::make_moe(rng(), recipes[r], problem, masters);
     HostTensor ref(problem.out_dtype, {problem.tokens, problem.hidden});
     moe_experts(data.args(ref.view), {Backend::Reference});
     auto run_gpu = [&](const char* tma_store) {
       const testing::ScopedEnv tma("FINEGEMM_GROUPED_TMA_STORE", tma_store);
-      HostTensor out(problem.out_dtype, {problem.tokens, problem.hidden});
-      tools::poison(out.view);
-      DeviceRun gpu(Backend::Cuda);
-      MoeArgs args = gpu.upload(data.args(out.view));
-      moe_experts(args, {Backend::Cuda});
-      gpu.download(args.out, out.view);
-      return out;
+      return run_on_gpu(data);
     };
     for (const char* block_m : {"128", "192"}) {
       const testing::ScopedEnv tiles("FINEGEMM_GROUPED_BLOCK_M", block_m);
@@ -354,6 +362,62 @@ TEST_F(CudaMoe, GroupedTmaStoreSameBits) {
       EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size())) << block_m << " " << recipes[r].name;
     }
   }
+}
+
+// The lean kernel's grouped mode (FINEGEMM_GROUPED_LEAN=128 / 192 / 256, off until measured on the GPU): the MoE
+// layer's Store GEMMs (gate_up unfused with FP32 output; down with the routing weights, FP32 and BF16 y) give the
+// general grouped kernel's bits on the recipes it serves (128x128 weight blocks with FP32, UE8M0 and packed UE8M0
+// scales, group-128 and static activations), a launch counter proving it ran (gate_up and down), and the reference's
+// bar; the other recipes run the general kernel unchanged. T = 300, top-8 over 16 experts (~150 rows each: expert ends
+// inside tiles of every height), hidden 640 (five column blocks). An unknown value is refused.
+TEST_F(CudaMoe, GroupedLeanSameBits) {
+  const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
+  const auto recipes = all_recipes();
+  int served = 0;
+  for (size_t r = 0; r < recipes.size(); ++r) {
+    const auto& recipe = recipes[r];
+    const bool serves = recipe.weight.element != ElementType::FP4_E2M1 &&
+                        recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_n == 128 &&
+                        recipe.weight.block_k == 128 &&
+                        ((recipe.activation.granularity == ActGranularity::PerTokenGroup &&
+                          recipe.activation.group_size == 128) ||
+                         recipe.activation.is_static());
+    served += serves;
+    // The variants without expert biases (the lean kernel has no bias epilogue): SwiGLU and the no-gate SiLU.
+    const MoeProblem problem = spread_problem(kVariants[(r % 2) * 3]);
+    const auto masters = tools::make_moe_masters(rng(), problem);
+    auto data = tools::make_moe(rng(), recipe, problem, masters);
+    HostTensor ref(problem.out_dtype, {problem.tokens, problem.hidden});
+    moe_experts(data.args(ref.view), {Backend::Reference});
+    auto run_gpu = [&](const char* lean) {
+      const testing::ScopedEnv tiles("FINEGEMM_GROUPED_LEAN", lean);
+      return run_on_gpu(data);
+    };
+    for (const char* y : {"f32", "bf16"}) {
+      const testing::ScopedEnv y_dtype("FINEGEMM_MOE_Y", y);
+      const HostTensor off = run_gpu("0");
+      for (const char* lean : {"128", "192", "256"}) {
+        const long long launches = cuda::grouped_lean_launches();
+        const HostTensor on = run_gpu(lean);
+        if (serves)
+          EXPECT_EQ(cuda::grouped_lean_launches(), launches + 2) << "gate_up and down did not both take the lean kernel: "
+                                                                 << recipe.name << " y=" << y << " lean=" << lean;
+        else
+          EXPECT_EQ(cuda::grouped_lean_launches(), launches) << recipe.name << " is not served, yet took it";
+        EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size()))
+            << recipe.name << " y=" << y << " FINEGEMM_GROUPED_LEAN=" << lean;
+        const auto cmp = tools::compare(on.view, ref.view);
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " y=" << y << " lean=" << lean << " rel=" << cmp.rel
+                                     << " non-finite=" << cmp.non_finite;
+      }
+    }
+  }
+  EXPECT_GE(served, 7) << "all_recipes() lost the recipes the grouped lean kernel serves";
+  const testing::ScopedEnv bad("FINEGEMM_GROUPED_LEAN", "64");
+  MoeProblem problem = small_problem(300, kVariants[0]);
+  const auto masters = tools::make_moe_masters(rng(), problem);
+  const auto data = tools::make_moe(rng(), recipes[0], problem, masters);
+  EXPECT_THROW(run_on_gpu(data), Error);
 }
 
 using testing::ScopedEnv;

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# For the session after stop 36 (carry [".snap"] after scripts/pack-prebuilt): the 192-row lean tile's first run
-# (FINEGEMM_GEMM_LEAN=192, written at the end of stop 36). Its same-bits test under a timeout (a hang there is a
-# barrier mismatch of the three-warpgroup build), then LEAN=0/1/192/256 at M = 512 and 4096 on the seven bar shapes
-# (same process and data), then the 42 shapes against cuBLASLt.
+# For the session after stop 36 (carry [".snap"] after scripts/pack-prebuilt): the first runs of the 192-row lean
+# tile (FINEGEMM_GEMM_LEAN=192) and of the lean kernel's grouped mode (FINEGEMM_GROUPED_LEAN=128/192/256), both
+# written at the end of stop 36. Their same-bits tests under timeouts (a hang is a barrier mismatch), then
+# LEAN=0/1/192/256 at M = 512 and 4096 on the seven bar shapes (same process and data), then the MoE layer with each
+# grouped setting, then the 42 shapes against cuBLASLt if time is left.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
 el() { echo "($(( $(date +%s) - s0 )) s)"; }
 timeout 150 $B/tests/test_cuda_linear --gtest_filter='CudaTest.LeanKernelSameBits:GemmConfig.*' >$W/lean_test.log 2>&1
 rc=$?; echo "LeanKernelSameBits rc=$rc $(el)"; grep -E "^\[  (PASSED|FAILED)|Failure|Expected|Which is|lean kernel did not|took the lean" $W/lean_test.log | head -12
+timeout 200 $B/tests/test_cuda_moe --gtest_filter='CudaMoe.GroupedLeanSameBits' >$W/grouped_lean_test.log 2>&1
+grc=$?; echo "GroupedLeanSameBits rc=$grc $(el)"; grep -E "^\[  (PASSED|FAILED)|Failure|Expected|Which is|did not both|yet took" $W/grouped_lean_test.log | head -12
 show() { python3 -c '
 import json, sys
 for l in open(sys.argv[1]):
@@ -21,6 +24,13 @@ if [ $rc -eq 0 ]; then
     [ $(( $(date +%s) - s0 )) -lt 300 ] || break
     timeout 80 $B/bench/bench_cuda_linear --m-major-scales --m 512,4096 --nk $s --variants block-fp32-dynamic --envs "$E" >$W/ab_${s/:/_}.jsonl 2>/dev/null
     echo "-- $s $(el)"; show $W/ab_${s/:/_}.jsonl
+  done
+fi
+if [ $grc -eq 0 ]; then
+  for v in 0 128 192 256; do
+    [ $(( $(date +%s) - s0 )) -lt 420 ] || break
+    FINEGEMM_GROUPED_LEAN=$v timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3,qwen3-30b-a3b --tokens 2048,4096 --recipes dynamic --check-tokens 1 >$W/moe_lean$v.log 2>&1
+    echo "-- FINEGEMM_GROUPED_LEAN=$v $(el)"; grep -vE "^#|^$" $W/moe_lean$v.log | tail -6
   done
 fi
 left=$(( 585 - ($(date +%s) - s0) ))

@@ -155,6 +155,14 @@ __device__ __forceinline__ float load_vec(VecMode mode, const float* v, int inde
   return mode == VecMode::PerIndex ? v[index] : (mode == VecMode::Scalar ? v[0] : 1.0f);
 }
 
+// Two adjacent outputs of one row, rounded to the output type T (float, __half or __nv_bfloat16).
+template <typename T>
+__device__ __forceinline__ void store_out_pair(T* at, float a, float b) {
+  if constexpr (std::is_same_v<T, float>) *reinterpret_cast<float2*>(at) = make_float2(a, b);
+  else if constexpr (std::is_same_v<T, __half>) *reinterpret_cast<__half2*>(at) = __floats2half2_rn(a, b);
+  else *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(a, b);
+}
+
 __device__ __forceinline__ float load_bias(const GemmParams& p, int64_t col) {
   switch (p.bias_dtype) {
     case static_cast<int>(OutDType::F32): return static_cast<const float*>(p.bias)[col];
@@ -1267,16 +1275,8 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
                 const float v1 = __fmul_rn(__fadd_rn(__fmul_rn(result[c * 4 + 1], rs0), 0.0f), w0);
                 const float v2 = __fmul_rn(__fadd_rn(__fmul_rn(result[c * 4 + 2], rs1), 0.0f), w1);
                 const float v3 = __fmul_rn(__fadd_rn(__fmul_rn(result[c * 4 + 3], rs1), 0.0f), w1);
-                if constexpr (std::is_same_v<T, float>) {
-                  if (in0) *reinterpret_cast<float2*>(out + off0 + c * 8) = make_float2(v0, v1);
-                  if (in1) *reinterpret_cast<float2*>(out + off1 + c * 8) = make_float2(v2, v3);
-                } else if constexpr (std::is_same_v<T, __half>) {
-                  if (in0) *reinterpret_cast<__half2*>(out + off0 + c * 8) = __floats2half2_rn(v0, v1);
-                  if (in1) *reinterpret_cast<__half2*>(out + off1 + c * 8) = __floats2half2_rn(v2, v3);
-                } else {
-                  if (in0) *reinterpret_cast<__nv_bfloat162*>(out + off0 + c * 8) = __floats2bfloat162_rn(v0, v1);
-                  if (in1) *reinterpret_cast<__nv_bfloat162*>(out + off1 + c * 8) = __floats2bfloat162_rn(v2, v3);
-                }
+                if (in0) store_out_pair(out + off0 + c * 8, v0, v1);
+                if (in1) store_out_pair(out + off1 + c * 8, v2, v3);
               }
             };
             if (p.out_dtype == OutDType::BF16) lean_store(static_cast<__nv_bfloat16*>(p.out));

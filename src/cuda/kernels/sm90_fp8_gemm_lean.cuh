@@ -15,6 +15,7 @@
 // total), the TMA-store epilogue's rounding), so its results are the same bits (test LeanKernelSameBits).
 #pragma once
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
+#include "cuda/scheduler/gemm_scheduler.cuh"
 
 namespace finegemm::cuda {
 
@@ -23,6 +24,8 @@ namespace finegemm::cuda {
 // 128 + 64·wg) through one accumulator set in turn, promoting each into its own total (128 + 64 accumulator
 // registers), so that a stage's B tile serves twice the rows.
 inline constexpr int kLeanBlockN = 128;
+// Experts the grouped lean kernel's scheduler holds (kMaxGroupedExperts, sm90_fp8_gemm.hpp).
+inline constexpr int kMaxGroupedLeanExperts = 1024;
 // kStages: 4 or 5 at 128 rows, 4 at 192, 3 at 256 (what fits beside the staging tiles); at 128 rows the launcher takes the count
 // that leaves the fewest pad stages in a tile's last lap, since those keep the next tile's first loads waiting.
 template <int BLOCK_M, int kStagesT>
@@ -39,8 +42,12 @@ struct LeanGemm {
   // = 3 x 168, and 56 + 3 x 152 = 512 = 4 x 128 (the general kernel's split for three consumers).
   static constexpr int kProducerRegs = kWGs == 2 ? 40 : 56;
   static constexpr int kConsumerRegs = kWGs == 2 ? 232 : 152;
+  // setmaxnreg.inc waits for registers the launch's pool does not hold: the general kernel hung on the H200 with a
+  // split over its pool (sm90_fp8_gemm.cuh).
+  static_assert(kProducerRegs + kWGs * kConsumerRegs <= (65536 / kThreads) / 8 * 8 * (kWGs + 1),
+                "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static constexpr int kStages = kStagesT;
-  static constexpr int kStageA = BLOCK_M * kGemmBlockK;        // 16 or 32 KB
+  static constexpr int kStageA = BLOCK_M * kGemmBlockK;        // 16, 24 or 32 KB
   static constexpr int kStageB = kLeanBlockN * kGemmBlockK;    // 16 KB
   static constexpr int kStaging = BLOCK_M * kLeanBlockN * 2;   // the tile's 16-bit outputs, 64 x 128 per box pair
   // Dynamic shared memory for K / 128 = num_kb K blocks (1024-byte aligned base): A stages, B stages, the staging
@@ -49,14 +56,22 @@ struct LeanGemm {
     return 1024 + kStages * (kStageA + kStageB) + kStaging + kStages * BLOCK_M * 4 + (num_kb * 4 + 15) / 16 * 16 +
            2 * kStages * 8;
   }
+  // The grouped kernel: no staging tiles (its epilogue stores from registers), the scheduler's per-expert prefix after
+  // the barriers.
+  using Sched = GroupedScheduler<BLOCK_M, kMaxGroupedLeanExperts>;
+  static int grouped_smem_bytes(int num_kb) { return smem_bytes(num_kb) - kStaging + Sched::kSmemBytes; }
 };
 
-// Tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block t / num_m_blocks.
-template <int BLOCK_M, int kStages, bool kAScale>
-__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
-    sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                              const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
-                              int num_tiles) {
+// The body of both lean kernels. Dense (kGrouped false): tiles t = blockIdx.x, + gridDim.x, ...: row block
+// t % num_m_blocks, column block t / num_m_blocks; A scales M-major by the bulk copy; the epilogue through shared memory
+// and TMA stores. Grouped (the MoE Store GEMM): the GroupedScheduler's tiles over each expert's rows (a tile's rows past
+// its expert's end are computed and dropped), the expert's B rows and scales, A scales row-major read by each consumer
+// thread for its two rows, and the epilogue stored from registers with the row mask and the routing weights.
+template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped>
+__device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
+                                               const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
+                                               int num_tiles_dense,
+                                               typename LeanGemm<BLOCK_M, kStages>::Sched sched) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using L = LeanGemm<BLOCK_M, kStages>;
   constexpr int S = L::kStages;
@@ -65,13 +80,31 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem_a + S * L::kStageA;
   uint8_t* smem_out = smem_b + S * L::kStageB;
-  float* smem_sfa = reinterpret_cast<float*>(smem_out + L::kStaging);
+  float* smem_sfa = reinterpret_cast<float*>(smem_out + (kGrouped ? 0 : L::kStaging));
   float* smem_sfb = smem_sfa + S * BLOCK_M;
   const int num_kb = p.k / kGemmBlockK;
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_sfb) + (num_kb * 4 + 15) / 16 * 16);
   uint64_t* empty = full + S;
   const int lane = threadIdx.x % 32;
   const int laps = (num_kb + S - 1) / S;
+  int num_tiles = num_tiles_dense;
+  if constexpr (kGrouped) {
+    sched.prepare(empty + S, L::kThreads);  // its __syncthreads comes below
+    __syncthreads();
+    num_tiles = sched.num_tiles();
+  }
+  // This tile's first row, one past its last row to store, expert and first column.
+  struct Tile {
+    int m0, m_end, group, n0;
+  };
+  auto tile_of = [&](int t) {
+    if constexpr (kGrouped) {
+      const TileInfo info = sched.tile(t);
+      return Tile{info.m_row0, info.m_end, info.group, info.n_block * kLeanBlockN};
+    } else {
+      return Tile{t % num_m_blocks * BLOCK_M, p.m, 0, t / num_m_blocks * kLeanBlockN};
+    }
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -93,8 +126,10 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t lap_count = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const int m0 = t % num_m_blocks * BLOCK_M, n0 = t / num_m_blocks * kLeanBlockN;
-        const uint32_t sfa_bytes = kAScale ? static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16) : 0u;
+        const Tile tile = tile_of(t);
+        const int m0 = tile.m0, b_row0 = tile.group * p.n + tile.n0;
+        constexpr bool kBulkA = kAScale && !kGrouped;
+        const uint32_t sfa_bytes = kBulkA ? static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16) : 0u;
         for (int lap = 0; lap < laps; ++lap, ++lap_count) {
           const uint32_t free_parity = (lap_count & 1u) ^ 1u;
 #pragma unroll
@@ -104,8 +139,8 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
             if (kb < num_kb) {
               ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + L::kStageB + sfa_bytes);
               ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
-              ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, n0);
-              if constexpr (kAScale)
+              ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, b_row0);
+              if constexpr (kBulkA)
                 ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
             } else {
               ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
@@ -139,11 +174,13 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
   float total[64 * L::kHalves];
   uint32_t lap_count = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const int m0 = t % num_m_blocks * BLOCK_M, n0 = t / num_m_blocks * kLeanBlockN;
+    const Tile tile = tile_of(t);
+    const int m0 = tile.m0, n0 = tile.n0;
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
     // last reads of them are done.
     ptx::named_bar_sync<1, L::kConsumerThreads>();
-    for (int i = threadIdx.x; i < num_kb; i += L::kConsumerThreads) smem_sfb[i] = load_b_scale(p, 0, n0 / p.b_block_n, i);
+    for (int i = threadIdx.x; i < num_kb; i += L::kConsumerThreads)
+      smem_sfb[i] = load_b_scale(p, tile.group, n0 / p.b_block_n, i);
     ptx::named_bar_sync<1, L::kConsumerThreads>();
 #pragma unroll
     for (int i = 0; i < 64 * L::kHalves; ++i) total[i] = 0.0f;
@@ -157,7 +194,16 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
       for (int half = 0; half < L::kHalves; ++half) {
         // Without A scales the general kernel multiplies by 1.0f: the same bits as sb itself.
         const int rh = r0 + L::kPassRows * half;
-        const float lo0 = kAScale ? sa[rh] * sb : sb, lo1 = kAScale ? sa[rh + 8] * sb : sb;
+        float lo0 = sb, lo1 = sb;
+        if constexpr (kAScale && kGrouped) {
+          // Row-major scales, read per thread (rows past M clamped: computed, never stored).
+          const float* a_kb = p.a_scale + static_cast<int64_t>(kb) * p.a_scale_stride_k;
+          lo0 = a_kb[static_cast<int64_t>(min(m0 + rh, p.m - 1)) * p.a_scale_stride_m] * sb;
+          lo1 = a_kb[static_cast<int64_t>(min(m0 + rh + 8, p.m - 1)) * p.a_scale_stride_m] * sb;
+        } else if constexpr (kAScale) {
+          lo0 = sa[rh] * sb;
+          lo1 = sa[rh + 8] * sb;
+        }
         ptx::fence_operands(acc);
         ptx::wgmma_fence();
 #pragma unroll
@@ -193,6 +239,39 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
           ptx::mbar_arrive(&empty[s]);
         }
       }
+    }
+    if constexpr (kGrouped) {
+      // From registers: (v · rs + 0) · w rounded to the output type (the general kernel's lean store; w the row's
+      // routing weight, 1 without), rows past the expert's end and columns past N dropped.
+      const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? tile.group * p.row_scale_group_stride : 0);
+      const int col_base = n0 + (lane % 4) * 2;
+#pragma unroll
+      for (int half = 0; half < L::kHalves; ++half) {
+        const int row0 = m0 + r0 + L::kPassRows * half, row1 = row0 + 8;
+        const float rs0 = load_vec(p.row_mode, row_scale, min(row0, p.m - 1));
+        const float rs1 = load_vec(p.row_mode, row_scale, min(row1, p.m - 1));
+        const bool in0 = row0 < tile.m_end, in1 = row1 < tile.m_end;
+        const float w0 = (p.row_weight && in0) ? p.row_weight[row0] : 1.0f;
+        const float w1 = (p.row_weight && in1) ? p.row_weight[row1] : 1.0f;
+        const float* tot = total + 64 * half;
+        const int64_t off0 = static_cast<int64_t>(row0) * p.ldo + col_base, off1 = static_cast<int64_t>(row1) * p.ldo + col_base;
+        auto store = [&](auto* out) {
+#pragma unroll
+          for (int c = 0; c < kLeanBlockN / 8; ++c) {
+            if (col_base + c * 8 >= p.n) continue;
+            const float v0 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4], rs0), 0.0f), w0);
+            const float v1 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 1], rs0), 0.0f), w0);
+            const float v2 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 2], rs1), 0.0f), w1);
+            const float v3 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 3], rs1), 0.0f), w1);
+            if (in0) store_out_pair(out + off0 + c * 8, v0, v1);
+            if (in1) store_out_pair(out + off1 + c * 8, v2, v3);
+          }
+        };
+        if (p.out_dtype == OutDType::BF16) store(static_cast<__nv_bfloat16*>(p.out));
+        else if (p.out_dtype == OutDType::F16) store(static_cast<__half*>(p.out));
+        else store(static_cast<float*>(p.out));
+      }
+      continue;
     }
     // Epilogue: (v · rs + 0) · 1 rounded to the output type (the general kernel's TMA-store epilogue), written by
     // stmatrix as two 64 x 64 boxes per 64-row half (128-byte rows, 16-byte chunk c of row r at c ^ (r % 8)), stored
@@ -242,11 +321,31 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
       ptx::bulk_commit_group();
     }
   }
-  if (wtid == 0) ptx::bulk_wait_group<0>();  // the last stores have read shared memory before the CTA leaves
+  if constexpr (!kGrouped)
+    if (wtid == 0) ptx::bulk_wait_group<0>();  // the last stores have read shared memory before the CTA leaves
 #else
-  if (threadIdx.x == 0) printf("finegemm: sm90_fp8_gemm_lean_kernel needs an sm_90a GPU\n");
+  if (threadIdx.x == 0) printf("finegemm: the lean GEMM kernels need an sm_90a GPU\n");
   __trap();
 #endif
+}
+
+// The dense lean kernel: tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block
+// t / num_m_blocks.
+template <int BLOCK_M, int kStages, bool kAScale>
+__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
+    sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                              const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
+                              int num_tiles) {
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {});
+}
+
+// The grouped lean kernel (the MoE Store GEMM; FINEGEMM_GROUPED_LEAN, off until measured): the scheduler's tiles over
+// each expert's rows; b is every expert's [N, K] weights stacked ([E·N, K]).
+template <int BLOCK_M, int kStages, bool kAScale>
+__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
+    sm90_fp8_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                                 const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched) {
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true>(tma_a, tma_b, tma_b, p, 0, 0, sched);
 }
 
 }  // namespace finegemm::cuda

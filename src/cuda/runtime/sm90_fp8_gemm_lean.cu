@@ -1,5 +1,6 @@
 // Launch of the lean GEMM (sm90_fp8_gemm_lean.cuh): the default for the recipes it serves at prefill sizes since stop 36
-// (lean_gemm_block_m picks the tile height); FINEGEMM_GEMM_LEAN=0 turns it off, =1 forces 128x128 tiles, =256 256x128.
+// (lean_gemm_block_m picks the tile height); FINEGEMM_GEMM_LEAN=0 turns it off, =1 forces 128x128 tiles, =192
+// 192x128 (not yet measured), =256 256x128. Also the grouped mode's launch (FINEGEMM_GROUPED_LEAN, off).
 #include <algorithm>
 #include <atomic>
 
@@ -13,7 +14,8 @@ namespace {
 std::atomic<long long> lean_launch_count{0};
 
 // Stages for num_kb K blocks: 128-row tiles take 4 or 5, whichever pads fewer stages in a tile's last lap (a pad stage
-// keeps the next tile's loads waiting), 5 on a tie; 256-row tiles take 3 (a 2-stage build spilled 128 bytes).
+// keeps the next tile's loads waiting), 5 on a tie; 192-row tiles take 4 (five do not fit beside the staging tiles);
+// 256-row tiles take 3 (a 2-stage build spilled 128 bytes).
 int lean_stages(int block_m, int num_kb) {
   if (block_m == 192) return 4;
   if (block_m != 128) return 3;
@@ -32,19 +34,24 @@ int lean_smem_bytes(int block_m, int stages, int num_kb) {
   return lean_smem<256, 3>(num_kb);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale>
-void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
-                 cudaStream_t stream) {
-  using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale>;
-  // The shared-memory attribute: the opt-in maximum, once per device (the launch passes what this K needs).
-  static std::atomic<bool> attribute_set[kMaxDevices] = {};
+// The shared-memory attribute of a lean kernel: the opt-in maximum, once per device (launches pass what their K needs).
+template <typename Kernel>
+void allow_max_smem_once(Kernel kernel, std::atomic<bool> (&attribute_set)[kMaxDevices], int device) {
   if (device >= kMaxDevices || !attribute_set[device].load(std::memory_order_acquire)) {
     int max_smem = 0;
     FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
     if (device < kMaxDevices) attribute_set[device].store(true, std::memory_order_release);
   }
+}
+
+template <int BLOCK_M, int kStages, bool kAScale>
+void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
+                 cudaStream_t stream) {
+  using L = LeanGemm<BLOCK_M, kStages>;
+  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale>;
+  static std::atomic<bool> attribute_set[kMaxDevices] = {};
+  allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, BLOCK_M);
   const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, kLeanBlockN);
   const CUtensorMap tma_out = make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64);
@@ -58,7 +65,73 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
   lean_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
+std::atomic<long long> grouped_lean_launch_count{0};
+
+template <int BLOCK_M, int kStages, bool kAScale>
+void launch_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
+                         const GemmParams& p, int device, cudaStream_t stream) {
+  using L = LeanGemm<BLOCK_M, kStages>;
+  auto kernel = sm90_fp8_grouped_lean_kernel<BLOCK_M, kStages, kAScale>;
+  static std::atomic<bool> attribute_set[kMaxDevices] = {};
+  allow_max_smem_once(kernel, attribute_set, device);
+  const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, BLOCK_M);
+  const CUtensorMap tma_b = make_tma_2d(b, int64_t{layout.num_groups} * p.n, p.k, ldb, kLeanBlockN);
+  typename L::Sched sched;
+  sched.offsets = layout.offsets;
+  sched.counts = layout.counts;
+  sched.max_rows = layout.max_rows;
+  sched.num_groups = layout.num_groups;
+  sched.num_n_blocks = ceil_div(p.n, kLeanBlockN);
+  sched.num_k_blocks = p.k / kGemmBlockK;
+  // The tile count lives on the device (the experts' rows): a persistent grid of one CTA per SM.
+  kernel<<<num_sms_of_device(device), L::kThreads, L::grouped_smem_bytes(p.k / kGemmBlockK), stream>>>(tma_a, tma_b, p,
+                                                                                                      sched);
+  FG_CUDA_CHECK(cudaGetLastError());
+  grouped_lean_launch_count.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
+
+bool grouped_lean_ok(const GemmParams& p, int block_m, int num_groups, int device) {
+  if (block_m != 128 && block_m != 192 && block_m != 256) return false;
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kGemmBlockK != 0 || num_groups <= 0 ||
+      num_groups > kMaxGroupedLeanExperts)
+    return false;
+  const int num_kb = p.k / kGemmBlockK;
+  if (p.b_fp4 || p.b_layout != BLayout::Plain || p.promote_k % kGemmBlockK != 0) return false;
+  // 1x128 A scales (row-major or any strides: read per thread) or none (static / per-token: the row scale).
+  if (p.a_scale != nullptr && (p.a_group != 128 || p.a_scale_cols != num_kb)) return false;
+  if (p.b_scale == nullptr || p.b_block_n != kLeanBlockN || p.b_block_k != kGemmBlockK || p.b_scale_cols < num_kb)
+    return false;
+  if (p.gate != nullptr || p.workspace != nullptr || p.bias_dtype >= 0 || p.col_mode != VecMode::None) return false;
+  // Two outputs per store: even N and leading dimension, the output aligned to a pair.
+  const size_t elem = p.out_dtype == OutDType::F32 ? 4 : 2;
+  if (p.n % 2 != 0 || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % (2 * elem) != 0) return false;
+  int max_smem = 0;
+  FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int stages = lean_stages(block_m, num_kb);
+  const int bytes = block_m == 128   ? (stages == 5 ? LeanGemm<128, 5>::grouped_smem_bytes(num_kb)
+                                                    : LeanGemm<128, 4>::grouped_smem_bytes(num_kb))
+                    : block_m == 192 ? LeanGemm<192, 4>::grouped_smem_bytes(num_kb)
+                                     : LeanGemm<256, 3>::grouped_smem_bytes(num_kb);
+  return bytes <= max_smem;
+}
+
+void launch_sm90_fp8_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
+                                  const GemmParams& p, int block_m, int device, cudaStream_t stream) {
+  const int stages = lean_stages(block_m, p.k / kGemmBlockK);
+  auto launch = [&](auto a_scale) {
+    constexpr bool kA = decltype(a_scale)::value;
+    if (block_m == 256) launch_grouped_lean<256, 3, kA>(a, lda, b, ldb, layout, p, device, stream);
+    else if (block_m == 192) launch_grouped_lean<192, 4, kA>(a, lda, b, ldb, layout, p, device, stream);
+    else if (stages == 5) launch_grouped_lean<128, 5, kA>(a, lda, b, ldb, layout, p, device, stream);
+    else launch_grouped_lean<128, 4, kA>(a, lda, b, ldb, layout, p, device, stream);
+  };
+  if (p.a_scale != nullptr) launch(std::true_type{});
+  else launch(std::false_type{});
+}
+
+long long grouped_lean_launches() { return grouped_lean_launch_count.load(std::memory_order_relaxed); }
 
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
   if (block_m != 128 && block_m != 192 && block_m != 256) return false;

@@ -92,6 +92,19 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const int num_sms = num_sms_of_device(device);
+  // FINEGEMM_GROUPED_LEAN=128 / 192 / 256 (off until measured on the GPU): the lean kernel's grouped mode for the
+  // Store GEMM where it serves the call (grouped_lean_ok); elsewhere the general kernel below.
+  if (const char* lean = std::getenv("FINEGEMM_GROUPED_LEAN"); lean && *lean && std::strcmp(lean, "0") != 0) {
+    const std::string v = lean;
+    if (v != "128" && v != "192" && v != "256")
+      throw Error("FINEGEMM_GROUPED_LEAN: expected 0 (off), 128, 192 or 256 (the tile height), got '" + v + "'");
+    const int lean_m = std::stoi(v);
+    p.workspace = nullptr;
+    if (epilogue == Epilogue::Store && grouped_lean_ok(p, lean_m, layout.num_groups, device)) {
+      launch_sm90_fp8_grouped_lean(a, lda, b, ldb, layout, p, lean_m, device, stream);
+      return;
+    }
+  }
   // Tile height. 192-row tiles (three consumer warpgroups, an idle one skipping its wgmma) where they serve the call:
   // the Store epilogue, E4M3 experts, 128-wide promotion or none. They hold an expert of up to 192 rows in one tile,
   // so each expert's weights stream once where 128-row tiles would stream them twice for 129..256 rows. Measured on
