@@ -184,6 +184,15 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     ptx::named_bar_sync<1, L::kConsumerThreads>();
 #pragma unroll
     for (int i = 0; i < 64 * L::kHalves; ++i) total[i] = 0.0f;
+    // Grouped, row-major A scales: this thread's rows' scale offsets, once per tile (rows past M clamped: computed,
+    // never stored), 32-bit (grouped_lean_ok bounds them); the K loop adds kb · stride_k. 64-bit addresses rebuilt per
+    // K block, or kept as pointers, spilled the 192-row build (152 registers).
+    int a_rows[2 * L::kHalves];
+    if constexpr (kAScale && kGrouped) {
+#pragma unroll
+      for (int i = 0; i < 2 * L::kHalves; ++i)
+        a_rows[i] = min(m0 + r0 + L::kPassRows * (i / 2) + 8 * (i % 2), p.m - 1) * static_cast<int>(p.a_scale_stride_m);
+    }
     // K block kb in stage s: wait; per half, the four k32 steps from zero and the promotion into that half's total;
     // the release after the last half's wgmma.
     auto k_block = [&](int s, int kb, uint32_t parity) {
@@ -196,10 +205,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         const int rh = r0 + L::kPassRows * half;
         float lo0 = sb, lo1 = sb;
         if constexpr (kAScale && kGrouped) {
-          // Row-major scales, read per thread (rows past M clamped: computed, never stored).
-          const float* a_kb = p.a_scale + static_cast<int64_t>(kb) * p.a_scale_stride_k;
-          lo0 = a_kb[static_cast<int64_t>(min(m0 + rh, p.m - 1)) * p.a_scale_stride_m] * sb;
-          lo1 = a_kb[static_cast<int64_t>(min(m0 + rh + 8, p.m - 1)) * p.a_scale_stride_m] * sb;
+          const int k_off = kb * static_cast<int>(p.a_scale_stride_k);
+          lo0 = p.a_scale[a_rows[2 * half] + k_off] * sb;
+          lo1 = p.a_scale[a_rows[2 * half + 1] + k_off] * sb;
         } else if constexpr (kAScale) {
           lo0 = sa[rh] * sb;
           lo1 = sa[rh + 8] * sb;
@@ -243,14 +251,16 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     if constexpr (kGrouped) {
       // From registers: (v · rs + 0) · w rounded to the output type (the general kernel's lean store; w the row's
       // routing weight, 1 without), rows past the expert's end and columns past N dropped.
-      const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? tile.group * p.row_scale_group_stride : 0);
-      const int col_base = n0 + (lane % 4) * 2;
+      // The tile looked up again: nothing of it stays live through the K loop (the 192-row build's registers).
+      const Tile et = tile_of(t);
+      const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? et.group * p.row_scale_group_stride : 0);
+      const int col_base = et.n0 + (lane % 4) * 2;
 #pragma unroll
       for (int half = 0; half < L::kHalves; ++half) {
-        const int row0 = m0 + r0 + L::kPassRows * half, row1 = row0 + 8;
+        const int row0 = et.m0 + r0 + L::kPassRows * half, row1 = row0 + 8;
         const float rs0 = load_vec(p.row_mode, row_scale, min(row0, p.m - 1));
         const float rs1 = load_vec(p.row_mode, row_scale, min(row1, p.m - 1));
-        const bool in0 = row0 < tile.m_end, in1 = row1 < tile.m_end;
+        const bool in0 = row0 < et.m_end, in1 = row1 < et.m_end;
         const float w0 = (p.row_weight && in0) ? p.row_weight[row0] : 1.0f;
         const float w1 = (p.row_weight && in1) ? p.row_weight[row1] : 1.0f;
         const float* tot = total + 64 * half;

@@ -101,6 +101,10 @@ bool grouped_lean_ok(const GemmParams& p, int block_m, int num_groups, int devic
   if (p.b_fp4 || p.b_layout != BLayout::Plain || p.promote_k % kGemmBlockK != 0) return false;
   // 1x128 A scales (row-major or any strides: read per thread) or none (static / per-token: the row scale).
   if (p.a_scale != nullptr && (p.a_group != 128 || p.a_scale_cols != num_kb)) return false;
+  // The kernel indexes them with 32-bit offsets (row · stride_m + kb · stride_k).
+  if (p.a_scale != nullptr && (p.a_scale_stride_m < 0 || p.a_scale_stride_k < 0 ||
+                               (int64_t{p.m} - 1) * p.a_scale_stride_m + (num_kb - 1) * p.a_scale_stride_k >= INT32_MAX))
+    return false;
   if (p.b_scale == nullptr || p.b_block_n != kLeanBlockN || p.b_block_k != kGemmBlockK || p.b_scale_cols < num_kb)
     return false;
   if (p.gate != nullptr || p.workspace != nullptr || p.bias_dtype >= 0 || p.col_mode != VecMode::None) return false;
