@@ -1,13 +1,16 @@
 // CUDA linear and activation quantization against the CPU reference, for every recipe, on fresh random data with
 // poisoned outputs. Skips itself when no GPU is present.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
@@ -95,23 +98,36 @@ LinearCase make_case(const NamedRecipe& recipe, int64_t m, int64_t n, int64_t k,
 
 // Runs args on the GPU (copies in, poisons the output, runs, copies out) and returns the host output. x_scale_on_device:
 // a device x_scale to take instead of copying host_args.x_scale (an M-major view, which to_device would not keep).
+// host_args' tensors on the device, `out` copied there as the output, and the args that point at them.
+struct DeviceCall {
+  DeviceTensor x, xs, w, ws, b, out;
+  LinearArgs args;
+};
+DeviceCall upload(const LinearArgs& host_args, const Buffer& out, const TensorView* x_scale_on_device = nullptr) {
+  DeviceCall d{to_device(host_args.x, kGpu),
+               to_device(x_scale_on_device ? TensorView{} : host_args.x_scale, kGpu),
+               to_device(host_args.weight, kGpu),
+               to_device(host_args.weight_scale, kGpu),
+               to_device(host_args.bias, kGpu),
+               to_device(out, kGpu),
+               host_args};
+  if (x_scale_on_device) d.xs.view = *x_scale_on_device;
+  d.args.x = d.x.view;
+  d.args.x_scale = d.xs.view;
+  d.args.weight = d.w.view;
+  d.args.weight_scale = d.ws.view;
+  d.args.bias = d.b.view;
+  d.args.out = d.out.view;
+  return d;
+}
+
 Buffer run_on_gpu(const LinearArgs& host_args, const RunOptions& options = {}, const TensorView* x_scale_on_device = nullptr) {
-  auto x = to_device(host_args.x, kGpu), xs = to_device(x_scale_on_device ? TensorView{} : host_args.x_scale, kGpu),
-       w = to_device(host_args.weight, kGpu), ws = to_device(host_args.weight_scale, kGpu), b = to_device(host_args.bias, kGpu);
-  if (x_scale_on_device) xs.view = *x_scale_on_device;
   Buffer out(host_args.out.dtype, host_args.out.sizes());
   testing::poison(out);
-  auto d_out = to_device(out, kGpu);
-  LinearArgs a = host_args;
-  a.x = x.view;
-  a.x_scale = xs.view;
-  a.weight = w.view;
-  a.weight_scale = ws.view;
-  a.bias = b.view;
-  a.out = d_out.view;
-  linear(a, options);
+  const DeviceCall d = upload(host_args, out, x_scale_on_device);
+  linear(d.args, options);
   synchronize(kGpu);
-  copy_to_host(d_out.view, out);
+  copy_to_host(d.out.view, out);
   return out;
 }
 
@@ -218,6 +234,101 @@ TEST_F(CudaTest, Fp8WeightsInTheDecodeKernel) {
     }
   }
   EXPECT_GE(served, 4) << "all_recipes() lost the block recipes the decode kernel serves";
+}
+
+// args captured in one CUDA graph on a fresh stream and replayed `replays` times, each into an output poisoned on the
+// device first; the host outputs of every replay.
+std::vector<Buffer> run_captured(const LinearArgs& host_args, int replays) {
+  Buffer out(host_args.out.dtype, host_args.out.sizes());
+  const DeviceCall d = upload(host_args, out);
+  std::vector<Buffer> outs;
+  cudaStream_t stream;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  linear(d.args, {Backend::Cuda, stream});
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int r = 0; r < replays; ++r) {
+    EXPECT_EQ(cudaMemsetAsync(d.out.view.data, 0xFF, out.bytes.size(), stream), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    copy_to_host(d.out.view, out);
+    outs.push_back(out);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return outs;
+}
+
+// The decode kernel's split-K finished by each weight tile's last CTA (FINEGEMM_DECODE_SPLIT_FINISH=1) instead of the
+// reduce kernel: the same bits (both sum the splits in order, then the same epilogue), for every recipe the decode
+// kernel serves (E4M3 weights in 64- and 128-row CTAs, FP4 weights at 128 and 256 of K per stage), at every token
+// width, with N tails (N = 320: five 64-row tiles, the 128-row CTAs' last one half full), splits 2, 3 and 4 (5 asked of
+// 16 K blocks), with and without programmatic launches, F32 and BF16 out with a bias on odd M. Three eager runs in a row into poisoned
+// outputs (a counter left non-zero would leave the next call's tiles unfinished), a launch counter, then the call
+// captured in a graph and replayed three times; unsplit calls never take it.
+TEST_F(CudaTest, DecodeSplitFinishSameBits) {
+  const ScopedEnv fp8("FINEGEMM_FP8_DECODE", "1");
+  const ScopedEnv no_gemv("FINEGEMM_FP4_GEMV", "0");
+  int served = 0;
+  for (const NamedRecipe& recipe : all_recipes()) {
+    const bool fp4 = recipe.weight.element == ElementType::FP4_E2M1;
+    const bool fp8 = !fp4 && recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_n % 64 == 0 &&
+                     recipe.weight.block_k % 128 == 0 &&
+                     (recipe.activation.granularity != ActGranularity::PerTokenGroup ||
+                      recipe.activation.group_size % 128 == 0);
+    if (!fp4 && !fp8) continue;
+    ++served;
+    for (const int64_t m : {1, 16, 33, 64}) {
+      const DType out_dtype = m == 16 ? DType::BF16 : DType::F32;
+      LinearCase c = make_case(recipe, m, 320, 2048, DType::BF16, out_dtype, m % 2 == 1);
+      const Buffer ref = run_reference(c.args, out_dtype, m, 320);
+      // (the other layout: 128-row CTAs for E4M3 weights, 256 of K per stage for FP4 weights)
+      struct Launch {
+        bool other_layout;
+        const char *split, *pdl;
+      };
+      for (const auto& [other_layout, split, pdl] :
+           {Launch{false, "2", ""}, Launch{false, "5", "1"}, Launch{true, "3", ""}}) {
+        const char* layout = other_layout ? (fp4 ? "256" : "128") : "";
+        const ScopedEnv rows("FINEGEMM_DECODE_ROWS", fp4 ? "" : layout);
+        const ScopedEnv stage_k("FINEGEMM_FP4_DECODE_STAGE_K", fp4 ? layout : "");
+        const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
+        const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
+        const std::string what =
+            recipe.name + " M=" + std::to_string(m) + " layout=" + layout + " split=" + split + " pdl=" + pdl;
+        Buffer reduced;
+        {
+          const ScopedEnv off("FINEGEMM_DECODE_SPLIT_FINISH", "0");
+          reduced = run_on_gpu(c.args);
+        }
+        const auto cmp = testing::compare(reduced, ref);
+        EXPECT_EQ(cmp.non_finite, 0) << what;
+        EXPECT_LE(cmp.rel, tolerance(out_dtype)) << what;
+        const ScopedEnv on("FINEGEMM_DECODE_SPLIT_FINISH", "1");
+        for (int run = 0; run < 3; ++run) {
+          const long long before = cuda::decode_split_finishes();
+          const Buffer got = run_on_gpu(c.args);
+          EXPECT_EQ(cuda::decode_split_finishes(), before + 1) << what << ": the kernel did not finish its splits";
+          EXPECT_EQ(got.bytes, reduced.bytes) << what << " run " << run;
+        }
+        int replay = 0;
+        for (const Buffer& got : run_captured(c.args, 3))
+          EXPECT_EQ(got.bytes, reduced.bytes) << what << " graph replay " << replay++;
+      }
+      // Unsplit: nothing to finish, the plain kernel.
+      const ScopedEnv unsplit("FINEGEMM_FP4_DECODE_SPLIT", "1");
+      const ScopedEnv on("FINEGEMM_DECODE_SPLIT_FINISH", "1");
+      const long long before = cuda::decode_split_finishes();
+      const auto cmp = testing::compare(run_on_gpu(c.args), ref);
+      EXPECT_EQ(cuda::decode_split_finishes(), before) << recipe.name << " M=" << m << " unsplit";
+      EXPECT_LE(cmp.rel, tolerance(out_dtype)) << recipe.name << " M=" << m << " unsplit";
+    }
+  }
+  EXPECT_GE(served, 5) << "all_recipes() lost the recipes the decode kernel serves";
 }
 
 // The decode kernel's loader requesting the weight tiles of two or three stages back to back

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "cli_util.hpp"
 #include "core/device_buffer.hpp"
@@ -530,27 +531,67 @@ TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
   EXPECT_GE(served, 3 * 13) << "the decode path served fewer recipes than expected";
 }
 
+// The layer captured in one CUDA graph on a fresh stream (after one eager warm-up call on it with warm_up), replayed
+// `replays` times, each into an output poisoned on the device first; the host outputs of every replay.
+std::vector<HostTensor> captured_replays(const tools::MoeData& data, int replays, bool warm_up) {
+  HostTensor out(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
+  DeviceRun gpu(Backend::Cuda);
+  MoeArgs args = gpu.upload(data.args(out.view));
+  std::vector<HostTensor> outs;
+  cudaStream_t stream;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  if (warm_up) {
+    moe_experts(args, {Backend::Cuda, stream});
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  moe_experts(args, {Backend::Cuda, stream});
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int r = 0; r < replays; ++r) {
+    EXPECT_EQ(cudaMemsetAsync(args.out.data, 0xFF, out.bytes.size(), stream), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    gpu.download(args.out, out.view);
+    outs.push_back(out);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return outs;
+}
+
+// 24 tokens, top-2 over 64 experts, every token's first slot on expert 5 (24 rows: it runs in chunks of the decode
+// kernel's token width), the second spread over experts 6..63.
+tools::MoeData one_expert_in_chunks(const NamedRecipe& recipe) {
+  MoeProblem problem;
+  problem.tokens = 24;
+  problem.hidden = 512;
+  problem.inter = 1024;
+  problem.experts = 64;
+  problem.top_k = 2;
+  const auto masters = tools::make_moe_masters(rng(), problem);
+  auto data = tools::make_moe(rng(), recipe, problem, masters);
+  tools::make_moe_inputs(rng(), data, true);
+  EXPECT_EQ(data.top_k_index.view.dtype, DType::I32);
+  auto* idx = data.top_k_index.ptr<int32_t>();
+  for (int64_t t = 0; t < problem.tokens; ++t) {
+    idx[t * 2] = 5;
+    idx[t * 2 + 1] = static_cast<int32_t>(6 + (t * 7) % 58);
+  }
+  return data;
+}
+
 // The decode path when one expert takes far more rows than its token tiles hold: every token's first slot goes to
 // expert 5, so that expert runs 24 rows in chunks of 8 (the others hold one or two rows); with and without a
 // split.
 TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
   const ScopedEnv decode("FINEGEMM_MOE_DECODE", "1");
   for (const auto& recipe : {all_recipes()[0], all_recipes()[5]}) {
-    MoeProblem problem;
-    problem.tokens = 24;
-    problem.hidden = 512;
-    problem.inter = 1024;
-    problem.experts = 64;
-    problem.top_k = 2;
-    const auto masters = tools::make_moe_masters(rng(), problem);
-    auto data = tools::make_moe(rng(), recipe, problem, masters);
-    tools::make_moe_inputs(rng(), data, true);
-    auto* idx = data.top_k_index.ptr<int32_t>();
-    ASSERT_EQ(data.top_k_index.view.dtype, DType::I32);
-    for (int64_t t = 0; t < problem.tokens; ++t) {
-      idx[t * 2] = 5;
-      idx[t * 2 + 1] = static_cast<int32_t>(6 + (t * 7) % 58);
-    }
+    auto data = one_expert_in_chunks(recipe);
+    const MoeProblem& problem = data.problem;
     HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
     if (!cuda::moe_decode_path(data.args(probe.view), problem.tokens * problem.top_k)) continue;
     for (const auto& [split, pdl] : kSplitsAndPdl) {
@@ -561,6 +602,50 @@ TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
                                 << " non-finite=" << cmp.non_finite;
     }
   }
+}
+
+// The decode path's split-K finished by each weight tile's last CTA (FINEGEMM_DECODE_SPLIT_FINISH=1) instead of the
+// reduce kernel: the same bits, for every recipe the decode path serves, with forced splits (gate_up K = 512 in 2,
+// down K = 1024 in 3), with and without programmatic launches, and one expert in chunks (24 rows, chunks of 8 or 16).
+// Three eager runs in a row, each into a poisoned y (a counter left non-zero by one call would leave the next call's
+// tiles unfinished), a launch counter proving both GEMMs took it, then the layer captured in one graph and replayed
+// three times into a poisoned y.
+TEST_F(CudaMoe, DecodeSplitFinishSameBits) {
+  const ScopedEnv decode("FINEGEMM_MOE_DECODE", "1");
+  const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", "3");
+  int served = 0;
+  for (const auto& recipe : all_recipes()) {
+    auto data = one_expert_in_chunks(recipe);
+    const MoeProblem& problem = data.problem;
+    HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
+    if (!cuda::moe_decode_path(data.args(probe.view), problem.tokens * problem.top_k)) continue;
+    ++served;
+    for (const char* pdl : {"", "1"}) {
+      const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
+      HostTensor reduced;
+      {
+        const ScopedEnv off("FINEGEMM_DECODE_SPLIT_FINISH", "0");
+        const long long before = cuda::decode_split_finishes();
+        const auto cmp = run_and_compare(data, &reduced);
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " pdl=" << pdl << " rel=" << cmp.rel;
+        EXPECT_EQ(cuda::decode_split_finishes(), before) << recipe.name << ": the switch's 0 did not turn it off";
+      }
+      const ScopedEnv on("FINEGEMM_DECODE_SPLIT_FINISH", "1");
+      for (int run = 0; run < 3; ++run) {
+        const long long before = cuda::decode_split_finishes();
+        const HostTensor got = run_on_gpu(data);
+        EXPECT_EQ(cuda::decode_split_finishes(), before + 2)
+            << recipe.name << " pdl=" << pdl << ": gate_up and down did not both finish their splits in the kernel";
+        EXPECT_EQ(0, std::memcmp(got.bytes.data(), reduced.bytes.data(), got.bytes.size()))
+            << recipe.name << " pdl=" << pdl << " run " << run;
+      }
+      int replay = 0;
+      for (const HostTensor& got : captured_replays(data, 3, false))
+        EXPECT_EQ(0, std::memcmp(got.bytes.data(), reduced.bytes.data(), got.bytes.size()))
+            << recipe.name << " pdl=" << pdl << " graph replay " << replay++;
+    }
+  }
+  EXPECT_GE(served, 4) << "the decode path served fewer recipes than expected";
 }
 
 TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {
@@ -595,28 +680,8 @@ TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {
     ASSERT_EQ(0, std::memcmp(first.bytes.data(), again.bytes.data(), first.bytes.size())) << "run " << run;
   }
   // The whole layer in one graph, replayed: the same bits.
-  HostTensor out(problem.out_dtype, {problem.tokens, problem.hidden});
-  tools::poison(out.view);
-  DeviceRun gpu(Backend::Cuda);
-  MoeArgs args = gpu.upload(data.args(out.view));
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  moe_experts(args, {Backend::Cuda, stream});  // warm-up outside capture
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  moe_experts(args, {Backend::Cuda, stream});
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaMemsetAsync(args.out.data, 0xFF, out.bytes.size() - 1, stream), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  gpu.download(args.out, out.view);
-  EXPECT_EQ(0, std::memcmp(first.bytes.data(), out.bytes.data(), first.bytes.size()));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  for (const HostTensor& got : captured_replays(data, 1, true))
+    EXPECT_EQ(0, std::memcmp(first.bytes.data(), got.bytes.data(), first.bytes.size()));
   }
 }
 

@@ -233,6 +233,54 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
   }
 }
 
+// The split-K finish inside the decode kernel (split_counters, FINEGEMM_DECODE_SPLIT_FINISH=1): every CTA of a tile
+// stores its partials to p.workspace as with the reduce kernel, then counts itself on the tile's counter; the CTA that
+// counts last sums the tile's partials of every split, in split order, and stores y, as splitk_reduce_kernel does (the
+// same bits: `finish` says whether p's row and column scales and bias apply, the dense case, or the partials already
+// hold the whole epilogue, the grouped case), and sets the counter back to zero for the next call. Rows
+// [row0, row0 + rows) of the workspace and y, columns [n0, min(n0 + kRows, N)). Called by the kThreads consumer threads
+// once they have stored their partials and read the stages for the last time (`flag`: a word of the stage memory).
+// NOTE: the counters are zero when a call starts because every call leaves them so and the calls that share a counter
+// run one after another (host side: a region per stream, and per stream and capture under graph capture); a reader of
+// y after the kernel (the next kernel, or one waiting in griddepcontrol.wait) sees the finisher's stores, which are
+// part of this grid.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void decode_split_finish(const GemmParams& p, bool finish, int* counter, int split_k,
+                                                    int row0, int rows, int n0, volatile int* flag) {
+  __threadfence();  // this thread's partials, visible on the device before the tile's count
+  ptx::named_bar_sync<1, kThreads>();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(counter, 1) == split_k - 1;
+    if (last) {
+      __threadfence();  // the other CTAs' partials, counted before this CTA's, are read after the count
+      atomicExch(counter, 0);  // every CTA of the tile has counted: the next call starts from zero
+    }
+    *flag = last ? 1 : 0;
+  }
+  ptx::named_bar_sync<1, kThreads>();
+  if (*flag == 0) return;
+  __threadfence();
+  const int half = min(kRows, p.n - n0) / 2;  // column pairs (N is a multiple of 16)
+  for (int e = static_cast<int>(threadIdx.x); e < rows * half; e += kThreads) {
+    const int row = row0 + e / half, col = n0 + 2 * (e % half);
+    const float* at = p.workspace + static_cast<int64_t>(row) * p.n + col;
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int s = 0; s < split_k; ++s) {
+      // L2, not L1: the other CTAs wrote these after this SM may have cached the lines (an earlier call's).
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(at + static_cast<int64_t>(s) * p.m * p.n));
+      v0 += v.x;
+      v1 += v.y;
+    }
+    if (finish) {
+      const float rs = load_vec(p.row_mode, p.row_scale, row);
+      store_pair(p, row, col, splitk_finish(v0, rs, load_vec(p.col_mode, p.col_scale, col), load_bias(p, col)),
+                 splitk_finish(v1, rs, load_vec(p.col_mode, p.col_scale, col + 1), load_bias(p, col + 1)));
+    } else {
+      store_pair(p, row, col, splitk_finish(v0, 1.0f, 1.0f, 0.0f), splitk_finish(v1, 1.0f, 1.0f, 0.0f));
+    }
+  }
+}
+
 // grid: (ceil(N / 64) tiles) × split; block kFp4DecodeThreads threads. kb_per_split stages (kStageK of K each) per split.
 // kFp8W (FINEGEMM_FP8_DECODE=1, off until measured): E4M3 weights with block scales constant over each 64-row tile
 // and 128 of K (b_block_n % 64 == 0, b_block_k % 128 == 0). The weights are the wgmma's A from shared memory (no
@@ -244,7 +292,7 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // kPreparers: FP4 weights, 64-row dense CTAs: 2 splits the preparation of the scales over two warps (on other SM
 // sub-partitions than the one preparer's), FINEGEMM_FP4_DECODE_PREPARERS=2.
 template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false,
-          int kPreparers = 1>
+          int kPreparers = 1, bool kSplitFinish = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
 // Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91
@@ -258,7 +306,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
                                   kRows == 128 ? 1 : (WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
-                           int tiles) {
+                           int tiles, int* split_counters) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
@@ -760,6 +808,13 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
       }
     }
   }  // chunks
+  // kSplitFinish (split_counters set, p.workspace set, no cluster reduce): the tile's last CTA finishes the split-K
+  // here. A separate instantiation, so that the others compile as before.
+  if constexpr (kSplitFinish) {
+    const int slot = kGrouped ? static_cast<int>(blockIdx.x) / split_k / tiles : 0;
+    decode_split_finish<kRows, 32 * kConsumerWarps>(p, !kGrouped, split_counters + slot * tiles + tile, split_k, row0,
+                                                    rows, n0, reinterpret_cast<volatile int*>(smem));
+  }
 #endif
 }
 

@@ -2,7 +2,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "cuda/kernels/sm90_fp4_decode.cuh"
 #include "cuda/runtime/gemm_args.hpp"
@@ -11,6 +14,8 @@
 
 namespace finegemm::cuda {
 namespace {
+
+std::atomic<long long> split_finishes{0};  // decode launches that finish their split-K themselves
 
 // Stages (kStageK of K each; FP4 weights take about 7.7 KB per 128 of K at WN = 8 with the prepared scales): about
 // 50 KB (128) or 60 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share an SM; 2 CTAs at WN = 64 (its
@@ -24,10 +29,11 @@ constexpr int kFp4DecodeStages =
     kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
                  : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
-template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1>
+// kSplitFinish: the instantiation that finishes its split-K itself (decode_split_finish; one preparer only).
+template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1, bool kSplitFinish = false>
 auto fp4_decode_kernel() {
   return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows, kGrouped,
-                                kPreparers>;
+                                kPreparers, kSplitFinish>;
 }
 
 template <int WN, int kStageK, bool kFp8W, int kRows>
@@ -46,8 +52,14 @@ int prepare_kernel(int device) {
     constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer only (choose_fp4_decode_config).
-    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1)
+    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
       FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true>(),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    }
+    if constexpr (kPreparers == 1)
+      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, 1, true>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel,
                                                                 kFp4DecodeThreads<kFp8W, kRows, kPreparers>, kSmem));
@@ -75,20 +87,26 @@ int prepare(const Fp4DecodeConfig& c, int device) {
 
 template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
-            const DecodeGroups& groups, cudaStream_t stream) {
+            const DecodeGroups& groups, int* split_counters, cudaStream_t stream) {
   const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
   if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
   const unsigned grid = static_cast<unsigned>(ctas);
   constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows, kPreparers>;
   constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
+  if (split_counters != nullptr && kPreparers != 1)
+    throw Error("fp4 decode gemm: the split-K finish in the kernel takes one preparer warp, got " +
+                std::to_string(kPreparers));
   if (groups.slots == 0) {
     // With the in-kernel split-K reduction, a tile's split_k CTAs (consecutive along x) form one cluster.
-    launch_ex(p.pdl, p.decode_cluster_reduce ? c.split_k : 1,
-              fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>(), grid, kThreads, kSmem, stream, x, w, p,
-              c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+    const auto kernel = split_counters != nullptr ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, 1, true>()
+                                                  : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>();
+    launch_ex(p.pdl, p.decode_cluster_reduce ? c.split_k : 1, kernel, grid, kThreads, kSmem, stream, x, w, p, c.split_k,
+              c.kb_per_split, c.swizzle, groups, c.tiles, split_counters);
   } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
-    launch_programmatic(p.pdl, fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(), grid, kThreads, kSmem, stream, x, w,
-                        p, c.split_k, c.kb_per_split, c.swizzle, groups, c.tiles);
+    const auto kernel = split_counters != nullptr ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true>()
+                                                  : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>();
+    launch_programmatic(p.pdl, kernel, grid, kThreads, kSmem, stream, x, w, p, c.split_k, c.kb_per_split, c.swizzle,
+                        groups, c.tiles, split_counters);
   } else {
     throw Error("fp4 decode gemm: grouped (MoE) launches take 128 of K per stage and 64-row CTAs, got stage_k=" +
                 std::to_string(kStageK) + " rows=" + std::to_string(kRows));
@@ -97,16 +115,66 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
 
 template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1>
 void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
-                      const DecodeGroups& groups, cudaStream_t stream) {
+                      const DecodeGroups& groups, int* split_counters, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
-    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
-    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
-    default: return launch<64, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, stream);
+    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
+    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
+    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
+    default: return launch<64, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
   }
 }
 
+// The tile counters of the in-kernel split-K finish (decode_split_finish): one int per (slot, tile) of a call, zero
+// between calls. They live in this module's device memory (zero at load, 4 MB per device), so that no allocation or
+// memset is ever enqueued, which keeps a captured decode call one kernel node. Regions of them are handed out for
+// good: one per (device, stream) to eager calls, whose kernels run in stream order, and one per (device, stream,
+// capture sequence) under capture, whose nodes run in that stream's order in the graph (a graph holding them also holds
+// a memory node, the partials' scratch, so it has one executable at a time, and an executable's launches do not
+// overlap). A call that finds no room, or runs on cudaStreamPerThread outside capture (one handle for every host
+// thread's stream), gets none: the reduce kernel finishes it.
+constexpr int64_t kSplitCounters = int64_t{1} << 20;
+__device__ int g_split_counters[kSplitCounters];
+
+struct CounterRegion {
+  int64_t offset = 0, size = 0;
+};
+std::mutex counters_mutex;
+std::map<std::tuple<int, cudaStream_t, unsigned long long>, CounterRegion> counter_regions;
+int64_t counters_used[kMaxDevices] = {};
+int* counters_base[kMaxDevices] = {};
+
+int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
+  if (device < 0 || device >= kMaxDevices || count <= 0) return nullptr;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;
+  FG_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture));
+  if (status == cudaStreamCaptureStatusInvalidated) return nullptr;
+  const bool capturing = status == cudaStreamCaptureStatusActive;
+  if (!capturing && stream == cudaStreamPerThread) return nullptr;
+  std::lock_guard<std::mutex> lock(counters_mutex);
+  if (counters_base[device] == nullptr) {
+    // May load the module: allowed while a stream captures once this thread's capture mode is relaxed.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    FG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    void* base = nullptr;
+    const cudaError_t got = cudaGetSymbolAddress(&base, g_split_counters);
+    FG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    FG_CUDA_CHECK(got);
+    counters_base[device] = static_cast<int*>(base);
+  }
+  CounterRegion& region = counter_regions[{device, stream, capturing ? capture : 0ull}];
+  if (region.size < count) {
+    // A larger region for this stream (or capture); the smaller one stays unused (its counters are zero).
+    if (counters_used[device] + count > kSplitCounters) return nullptr;
+    region = {counters_used[device], count};
+    counters_used[device] += count;
+  }
+  return counters_base[device] + region.offset;
+}
+
 }  // namespace
+
+long long decode_split_finishes() { return split_finishes.load(); }
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
 
@@ -166,13 +234,20 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   return c;
 }
 
-void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& params,
+bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& params,
                             const Fp4DecodeConfig& config, cudaStream_t stream, const DecodeGroups& groups) {
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   Fp4DecodeConfig c = config;
   prepare(c, device);
   GemmParams p = params;
+  // The split-K finished by the tile's last CTA (FINEGEMM_DECODE_SPLIT_FINISH=1, off until measured) instead of the
+  // reduce kernel: where there are partials, no cluster reduce, no gate (the reduce kernel's early exit), and counters.
+  int* counters = nullptr;
+  if (c.split_k > 1 && p.workspace != nullptr && !p.decode_cluster_reduce && p.gate == nullptr && c.preparers == 1 &&
+      env_switch("FINEGEMM_DECODE_SPLIT_FINISH", false))
+    counters = claim_split_counters(device, stream, int64_t{c.tiles} * std::max(1, groups.slots));
+  int* const split_counters = counters;
   p.decode_thread_release = env_switch("FINEGEMM_DECODE_THREAD_RELEASE", true);
   p.fp4_decode_direct = env_switch("FINEGEMM_FP4_DECODE_DIRECT", false);
   if (const char* v = std::getenv("FINEGEMM_DECODE_LOAD_BATCH"); v && *v) {
@@ -186,18 +261,21 @@ void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   // Weight rows of stage_k / 2 bytes: 64 (64-byte swizzle) or 128 (128-byte swizzle).
   if (c.fp8_weights) {
     const CUtensorMap tma_w = make_tma_2d(b, w_rows, p.k, ldb, c.rows);
-    if (c.rows == 128) launch_for_width<128, true, 128>(tma_x, tma_w, p, c, groups, stream);
-    else launch_for_width<128, true>(tma_x, tma_w, p, c, groups, stream);
+    if (c.rows == 128) launch_for_width<128, true, 128>(tma_x, tma_w, p, c, groups, split_counters, stream);
+    else launch_for_width<128, true>(tma_x, tma_w, p, c, groups, split_counters, stream);
     FG_CUDA_CHECK(cudaGetLastError());
-    return;
+    if (split_counters) ++split_finishes;
+    return split_counters != nullptr;
   }
   const CUtensorMap tma_w = c.stage_k == 128
                                 ? make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, stream);
-  else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, stream);
-  else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, stream);
+  if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
+  else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, split_counters, stream);
+  else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
   FG_CUDA_CHECK(cudaGetLastError());
+  if (split_counters) ++split_finishes;
+  return split_counters != nullptr;
 }
 
 DecodeKind decode_kernel_kind(const GemmParams& p) {
@@ -233,8 +311,8 @@ void launch_sm90_decode_grouped(const void* a, int64_t lda, const void* b, int64
     workspace.emplace(sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n, stream);
     p.workspace = workspace->as<float>();
   }
-  launch_sm90_fp4_decode(a, lda, b, ldb, p, c, stream, groups);
-  if (p.workspace) {
+  const bool finished = launch_sm90_fp4_decode(a, lda, b, ldb, p, c, stream, groups);
+  if (p.workspace && !finished) {
     // The partials hold the whole epilogue (per expert): the reduce only sums them, in split order.
     GemmParams sum = p;
     sum.row_mode = VecMode::None;

@@ -480,8 +480,9 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   }
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
+  bool finished = false;  // the decode kernel summed its own splits (FINEGEMM_DECODE_SPLIT_FINISH)
   if (fp4_gemv) launch_sm90_fp4_gemv(a, lda, b, ldb, p, gemv, stream);
-  else if (fp4_decode || fp8_decode) launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
+  else if (fp4_decode || fp8_decode) finished = launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   else if (p.promote_k % 128 == 0 && tma_store_ok(p, c)) {
@@ -510,7 +511,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   }
   else if (p.promote_k % 128 == 0) dispatch_dense<128>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
   else dispatch_dense<32>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);
-  if (p.workspace) launch_splitk_reduce(p, c.split_k, stream);
+  if (p.workspace && !finished) launch_splitk_reduce(p, c.split_k, stream);
 }
 
 void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream) {

@@ -78,8 +78,10 @@ int fp4_decode_width(int m);
 // slots: expert slots of a grouped launch (0: none); the split fills the GPU with slots × tiles CTAs.
 Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights = false,
                                          int slots = 0);
-// p.workspace set: partials for splitk_reduce_kernel (c.split_k > 1).
-void launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
+// p.workspace set: partials for splitk_reduce_kernel (c.split_k > 1), unless the kernel finished the split-K itself
+// (FINEGEMM_DECODE_SPLIT_FINISH=1: the tile's last CTA sums the partials, the same bits): then it returns true and the
+// caller launches no reduce.
+bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
                             const Fp4DecodeConfig& c, cudaStream_t stream, const DecodeGroups& groups = {});
 
 // The FP4 GEMV (sm90_fp4_gemv.cuh): dense FP4 weights at M ≤ 16 with mma.sync, no producer warps. fp4_gemv_ok: the
@@ -102,6 +104,9 @@ void launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb
 // 32, 64 or multiples of 128 (FP4), per-token or static scales. None, Fp4 or Fp8.
 enum class DecodeKind { None, Fp4, Fp8 };
 DecodeKind decode_kernel_kind(const GemmParams& p);
+
+// How many decode launches finished their split-K in the kernel (tests check that the switch took effect).
+long long decode_split_finishes();
 
 // MoE experts at decode sizes: the decode kernel over the experts that groups.list names (rows per expert usually
 // ≤ wn_rows; more run in chunks), p.m rows in all. The epilogue applies p's scales, bias and row weight per expert
