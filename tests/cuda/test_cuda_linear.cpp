@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <optional>
@@ -237,8 +238,9 @@ TEST_F(CudaTest, Fp8WeightsInTheDecodeKernel) {
 }
 
 // args captured in one CUDA graph on a fresh stream and replayed `replays` times, each into an output poisoned on the
-// device first; the host outputs of every replay.
-std::vector<Buffer> run_captured(const LinearArgs& host_args, int replays) {
+// device first; the host outputs of every replay. finishes_captured: the decode launches captured that finish their
+// split-K in the kernel (cuda::decode_split_finishes counts them as they are enqueued).
+std::vector<Buffer> run_captured(const LinearArgs& host_args, int replays, long long* finishes_captured = nullptr) {
   Buffer out(host_args.out.dtype, host_args.out.sizes());
   const DeviceCall d = upload(host_args, out);
   std::vector<Buffer> outs;
@@ -246,12 +248,14 @@ std::vector<Buffer> run_captured(const LinearArgs& host_args, int replays) {
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  const long long finishes = cuda::decode_split_finishes();
   EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   linear(d.args, {Backend::Cuda, stream});
   EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (finishes_captured) *finishes_captured = cuda::decode_split_finishes() - finishes;
   EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int r = 0; r < replays; ++r) {
-    EXPECT_EQ(cudaMemsetAsync(d.out.view.data, 0xFF, out.bytes.size(), stream), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(d.out.view.data, 0xFF, out.numel() * dtype_size(out.view.dtype), stream), cudaSuccess);
     EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     copy_to_host(d.out.view, out);
@@ -266,14 +270,17 @@ std::vector<Buffer> run_captured(const LinearArgs& host_args, int replays) {
 // The decode kernel's split-K finished by each weight tile's last CTA (FINEGEMM_DECODE_SPLIT_FINISH=1) instead of the
 // reduce kernel: the same bits (both sum the splits in order, then the same epilogue), for every recipe the decode
 // kernel serves (E4M3 weights in 64- and 128-row CTAs, FP4 weights at 128 and 256 of K per stage), at every token
-// width, with N tails (N = 320: five 64-row tiles, the 128-row CTAs' last one half full), splits 2, 3 and 4 (5 asked of
-// 16 K blocks), with and without programmatic launches, F32 and BF16 out with a bias on odd M. Three eager runs in a row into poisoned
+// width, with N tails (N = 320 at even M: five 64-row tiles, the 128-row CTAs' last one with an idle warpgroup; N = 336
+// at odd M: a 16-row last tile, and a 128-row one whose second warpgroup has 16 rows), splits 2, 3 and 4 (5 asked of
+// 16 K blocks), with and without programmatic launches, F32 and BF16 out with a bias on odd M.
+// FINEGEMM_TEST_QUICK=1 (the sanitizer runs): the first recipe of each weight element, M = 1 and 33. Three eager runs in a row into poisoned
 // outputs (a counter left non-zero would leave the next call's tiles unfinished), a launch counter, then the call
 // captured in a graph and replayed three times; unsplit calls never take it.
 TEST_F(CudaTest, DecodeSplitFinishSameBits) {
   const ScopedEnv fp8("FINEGEMM_FP8_DECODE", "1");
   const ScopedEnv no_gemv("FINEGEMM_FP4_GEMV", "0");
-  int served = 0;
+  const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
+  int served = 0, served_fp4 = 0, served_fp8 = 0;
   for (const NamedRecipe& recipe : all_recipes()) {
     const bool fp4 = recipe.weight.element == ElementType::FP4_E2M1;
     const bool fp8 = !fp4 && recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_n % 64 == 0 &&
@@ -282,24 +289,27 @@ TEST_F(CudaTest, DecodeSplitFinishSameBits) {
                       recipe.activation.group_size % 128 == 0);
     if (!fp4 && !fp8) continue;
     ++served;
-    for (const int64_t m : {1, 16, 33, 64}) {
+    if (quick && (fp4 ? served_fp4 : served_fp8) > 0) continue;
+    (fp4 ? served_fp4 : served_fp8) += 1;
+    for (const int64_t m : quick ? std::initializer_list<int64_t>{1, 33} : std::initializer_list<int64_t>{1, 16, 33, 64}) {
       const DType out_dtype = m == 16 ? DType::BF16 : DType::F32;
-      LinearCase c = make_case(recipe, m, 320, 2048, DType::BF16, out_dtype, m % 2 == 1);
-      const Buffer ref = run_reference(c.args, out_dtype, m, 320);
+      const int64_t n = m % 2 == 1 ? 336 : 320;
+      LinearCase c = make_case(recipe, m, n, 2048, DType::BF16, out_dtype, m % 2 == 1);
+      const Buffer ref = run_reference(c.args, out_dtype, m, n);
       // (the other layout: 128-row CTAs for E4M3 weights, 256 of K per stage for FP4 weights)
       struct Launch {
         bool other_layout;
         const char *split, *pdl;
       };
       for (const auto& [other_layout, split, pdl] :
-           {Launch{false, "2", ""}, Launch{false, "5", "1"}, Launch{true, "3", ""}}) {
+           {Launch{false, "2", "0"}, Launch{false, "5", "1"}, Launch{true, "3", "0"}}) {
         const char* layout = other_layout ? (fp4 ? "256" : "128") : "";
         const ScopedEnv rows("FINEGEMM_DECODE_ROWS", fp4 ? "" : layout);
         const ScopedEnv stage_k("FINEGEMM_FP4_DECODE_STAGE_K", fp4 ? layout : "");
         const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
         const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
-        const std::string what =
-            recipe.name + " M=" + std::to_string(m) + " layout=" + layout + " split=" + split + " pdl=" + pdl;
+        const std::string what = recipe.name + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
+                                 " layout=" + layout + " split=" + split + " pdl=" + pdl;
         Buffer reduced;
         {
           const ScopedEnv off("FINEGEMM_DECODE_SPLIT_FINISH", "0");
@@ -316,8 +326,10 @@ TEST_F(CudaTest, DecodeSplitFinishSameBits) {
           EXPECT_EQ(got.bytes, reduced.bytes) << what << " run " << run;
         }
         int replay = 0;
-        for (const Buffer& got : run_captured(c.args, 3))
+        long long captured = 0;
+        for (const Buffer& got : run_captured(c.args, 3, &captured))
           EXPECT_EQ(got.bytes, reduced.bytes) << what << " graph replay " << replay++;
+        EXPECT_EQ(captured, 1) << what << ": the captured call did not finish its splits in the kernel";
       }
       // Unsplit: nothing to finish, the plain kernel.
       const ScopedEnv unsplit("FINEGEMM_FP4_DECODE_SPLIT", "1");
@@ -329,6 +341,8 @@ TEST_F(CudaTest, DecodeSplitFinishSameBits) {
     }
   }
   EXPECT_GE(served, 5) << "all_recipes() lost the recipes the decode kernel serves";
+  EXPECT_GE(served_fp4, 1) << "no FP4 recipe ran";
+  EXPECT_GE(served_fp8, 1) << "no E4M3 recipe ran";
 }
 
 // The decode kernel's loader requesting the weight tiles of two or three stages back to back

@@ -533,7 +533,9 @@ TEST_F(CudaMoe, DecodePathEveryServedRecipe) {
 
 // The layer captured in one CUDA graph on a fresh stream (after one eager warm-up call on it with warm_up), replayed
 // `replays` times, each into an output poisoned on the device first; the host outputs of every replay.
-std::vector<HostTensor> captured_replays(const tools::MoeData& data, int replays, bool warm_up) {
+// finishes_captured: the decode launches captured that finish their split-K in the kernel.
+std::vector<HostTensor> captured_replays(const tools::MoeData& data, int replays, bool warm_up,
+                                         long long* finishes_captured = nullptr) {
   HostTensor out(data.problem.out_dtype, {data.problem.tokens, data.problem.hidden});
   DeviceRun gpu(Backend::Cuda);
   MoeArgs args = gpu.upload(data.args(out.view));
@@ -546,12 +548,14 @@ std::vector<HostTensor> captured_replays(const tools::MoeData& data, int replays
   }
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  const long long finishes = cuda::decode_split_finishes();
   EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   moe_experts(args, {Backend::Cuda, stream});
   EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (finishes_captured) *finishes_captured = cuda::decode_split_finishes() - finishes;
   EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int r = 0; r < replays; ++r) {
-    EXPECT_EQ(cudaMemsetAsync(args.out.data, 0xFF, out.bytes.size(), stream), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(args.out.data, 0xFF, out.view.numel() * dtype_size(out.view.dtype), stream), cudaSuccess);
     EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     gpu.download(args.out, out.view);
@@ -609,18 +613,22 @@ TEST_F(CudaMoe, DecodePathOneExpertInChunks) {
 // down K = 1024 in 3), with and without programmatic launches, and one expert in chunks (24 rows, chunks of 8 or 16).
 // Three eager runs in a row, each into a poisoned y (a counter left non-zero by one call would leave the next call's
 // tiles unfinished), a launch counter proving both GEMMs took it, then the layer captured in one graph and replayed
-// three times into a poisoned y.
+// three times into a poisoned y. FINEGEMM_TEST_QUICK=1 (the sanitizer runs): the first E4M3 and FP4 recipes only.
 TEST_F(CudaMoe, DecodeSplitFinishSameBits) {
   const ScopedEnv decode("FINEGEMM_MOE_DECODE", "1");
   const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", "3");
-  int served = 0;
+  const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
+  int served = 0, ran[2] = {0, 0};  // ran: E4M3, FP4 experts
   for (const auto& recipe : all_recipes()) {
     auto data = one_expert_in_chunks(recipe);
     const MoeProblem& problem = data.problem;
     HostTensor probe(problem.out_dtype, {problem.tokens, problem.hidden});
     if (!cuda::moe_decode_path(data.args(probe.view), problem.tokens * problem.top_k)) continue;
     ++served;
-    for (const char* pdl : {"", "1"}) {
+    const int fp4 = recipe.weight.element == ElementType::FP4_E2M1 ? 1 : 0;
+    if (quick && ran[fp4] > 0) continue;
+    ++ran[fp4];
+    for (const char* pdl : {"0", "1"}) {
       const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
       HostTensor reduced;
       {
@@ -640,12 +648,16 @@ TEST_F(CudaMoe, DecodeSplitFinishSameBits) {
             << recipe.name << " pdl=" << pdl << " run " << run;
       }
       int replay = 0;
-      for (const HostTensor& got : captured_replays(data, 3, false))
+      long long captured = 0;
+      for (const HostTensor& got : captured_replays(data, 3, false, &captured))
         EXPECT_EQ(0, std::memcmp(got.bytes.data(), reduced.bytes.data(), got.bytes.size()))
             << recipe.name << " pdl=" << pdl << " graph replay " << replay++;
+      EXPECT_EQ(captured, 2) << recipe.name << " pdl=" << pdl << ": the captured GEMMs did not finish their splits";
     }
   }
   EXPECT_GE(served, 4) << "the decode path served fewer recipes than expected";
+  EXPECT_GE(ran[0], 1) << "no E4M3 recipe ran";
+  EXPECT_GE(ran[1], 1) << "no FP4 recipe ran";
 }
 
 TEST_F(CudaMoe, DeterministicAndCapturableInOneGraph) {

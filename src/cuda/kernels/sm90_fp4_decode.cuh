@@ -250,6 +250,7 @@ __device__ __forceinline__ void decode_split_finish(const GemmParams& p, bool fi
   __threadfence();  // this thread's partials, visible on the device before the tile's count
   ptx::named_bar_sync<1, kThreads>();
   if (threadIdx.x == 0) {
+    __threadfence();  // and, cumulatively, every consumer thread's (ordered before it by the barrier)
     const bool last = atomicAdd(counter, 1) == split_k - 1;
     if (last) {
       __threadfence();  // the other CTAs' partials, counted before this CTA's, are read after the count

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "cuda/kernels/sm90_fp4_decode.cuh"
 #include "cuda/runtime/gemm_args.hpp"
@@ -126,33 +127,65 @@ void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmPara
 
 // The tile counters of the in-kernel split-K finish (decode_split_finish): one int per (slot, tile) of a call, zero
 // between calls. They live in this module's device memory (zero at load, 4 MB per device), so that no allocation or
-// memset is ever enqueued, which keeps a captured decode call one kernel node. Regions of them are handed out for
-// good: one per (device, stream) to eager calls, whose kernels run in stream order, and one per (device, stream,
-// capture sequence) under capture, whose nodes run in that stream's order in the graph (a graph holding them also holds
-// a memory node, the partials' scratch, so it has one executable at a time, and an executable's launches do not
-// overlap). A call that finds no room, or runs on cudaStreamPerThread outside capture (one handle for every host
+// memset is ever enqueued, which keeps a captured decode call one kernel node. Regions of them go to one (device,
+// stream) for its eager calls, whose kernels run in stream order (kept for the process), or to one (device, stream,
+// capture sequence) under capture, whose nodes run in that stream's order in the graph. The graph owns its regions
+// (a user object): when the graph and its executable are gone, they return to a free list. A graph holding them also
+// holds a memory node (the partials' scratch), so it has one executable at a time, and an executable's launches do not
+// overlap. A call that finds no room, or runs on cudaStreamPerThread outside capture (one handle for every host
 // thread's stream), gets none: the reduce kernel finishes it.
+// NOTE: a stream destroyed with work pending and a new one given the same handle at once would share the eager region
+// while the old work runs (as the split-K workspace cached per stream would).
 constexpr int64_t kSplitCounters = int64_t{1} << 20;
 __device__ int g_split_counters[kSplitCounters];
 
 struct CounterRegion {
   int64_t offset = 0, size = 0;
 };
-std::mutex counters_mutex;
-std::map<std::tuple<int, cudaStream_t, unsigned long long>, CounterRegion> counter_regions;
-int64_t counters_used[kMaxDevices] = {};
-int* counters_base[kMaxDevices] = {};
+using CounterKey = std::tuple<int, cudaStream_t, bool, unsigned long long>;  // device, stream, capturing, capture id
+struct Counters {
+  std::mutex mutex;
+  std::map<CounterKey, CounterRegion> regions;
+  std::vector<CounterRegion> free[kMaxDevices];
+  int64_t used[kMaxDevices] = {};
+  int* base[kMaxDevices] = {};
+};
+Counters& counters() {
+  static Counters* c = new Counters;  // never destroyed: a graph may release its regions during exit
+  return *c;
+}
+
+// A captured region's owner (the graph's user object): back to the free list when the graph lets it go. Runs on a
+// CUDA thread: no CUDA calls.
+struct RegionOwner {
+  int device;
+  CounterKey key;
+  CounterRegion region;
+};
+void release_region(void* owner_ptr) {
+  const auto* owner = static_cast<RegionOwner*>(owner_ptr);
+  Counters& c = counters();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.free[owner->device].push_back(owner->region);
+    const auto it = c.regions.find(owner->key);
+    if (it != c.regions.end() && it->second.offset == owner->region.offset) c.regions.erase(it);
+  }
+  delete owner;
+}
 
 int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
   if (device < 0 || device >= kMaxDevices || count <= 0) return nullptr;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long capture = 0;
-  FG_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture));
+  cudaGraph_t graph = nullptr;
+  FG_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture, &graph));
   if (status == cudaStreamCaptureStatusInvalidated) return nullptr;
   const bool capturing = status == cudaStreamCaptureStatusActive;
   if (!capturing && stream == cudaStreamPerThread) return nullptr;
-  std::lock_guard<std::mutex> lock(counters_mutex);
-  if (counters_base[device] == nullptr) {
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (c.base[device] == nullptr) {
     // May load the module: allowed while a stream captures once this thread's capture mode is relaxed.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     FG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
@@ -160,16 +193,45 @@ int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
     const cudaError_t got = cudaGetSymbolAddress(&base, g_split_counters);
     FG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     FG_CUDA_CHECK(got);
-    counters_base[device] = static_cast<int*>(base);
+    c.base[device] = static_cast<int*>(base);
   }
-  CounterRegion& region = counter_regions[{device, stream, capturing ? capture : 0ull}];
+  const CounterKey key{device, stream, capturing, capturing ? capture : 0ull};
+  CounterRegion& region = c.regions[key];
   if (region.size < count) {
-    // A larger region for this stream (or capture); the smaller one stays unused (its counters are zero).
-    if (counters_used[device] + count > kSplitCounters) return nullptr;
-    region = {counters_used[device], count};
-    counters_used[device] += count;
+    // A larger region for this stream (or capture). The smaller one keeps its owner: an eager stream's stays unused
+    // (zero), a capture's returns to the free list with its graph.
+    std::vector<CounterRegion>& free = c.free[device];
+    auto best = free.end();
+    for (auto it = free.begin(); it != free.end(); ++it)
+      if (it->size >= count && (best == free.end() || it->size < best->size)) best = it;
+    CounterRegion got;
+    if (best != free.end()) {
+      got = *best;
+      free.erase(best);
+    } else {
+      if (c.used[device] + count > kSplitCounters) return nullptr;
+      got = {c.used[device], count};
+      c.used[device] += count;
+    }
+    if (capturing) {
+      auto* owner = new RegionOwner{device, key, got};
+      cudaUserObject_t object = nullptr;
+      cudaError_t e = cudaUserObjectCreate(&object, owner, release_region, 1, cudaUserObjectNoDestructorSync);
+      if (e == cudaSuccess) e = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove);
+      if (e != cudaSuccess) {
+        // The reduce kernel instead. An object the graph did not take keeps its region (releasing it here could run
+        // release_region under this lock).
+        if (object == nullptr) {
+          delete owner;
+          free.push_back(got);
+        }
+        (void)cudaGetLastError();
+        return nullptr;
+      }
+    }
+    region = got;
   }
-  return counters_base[device] + region.offset;
+  return c.base[device] + region.offset;
 }
 
 }  // namespace
