@@ -1,18 +1,23 @@
 // The MoE block on the GPU against the CPU reference (which applies the same intermediate quantization), for every
 // recipe; random routing with -1 slots, empty experts, one expert that takes every token; bit-for-bit determinism;
-// capture of the whole layer in one CUDA graph. Skips itself when no GPU is present.
+// capture of the whole layer in one CUDA graph; the lean grouped mode's bits against the general grouped kernel's,
+// through the layer and with the grouped GEMM called directly. Skips itself when no GPU is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cli_util.hpp"
 #include "core/device_buffer.hpp"
+#include "core/formats.hpp"
+#include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/moe.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 #include "testing.hpp"
@@ -365,6 +370,48 @@ TEST_F(CudaMoe, GroupedTmaStoreSameBits) {
   }
 }
 
+// Whether the lean kernel's grouped mode serves a recipe's Store GEMMs (grouped_lean_ok): E4M3 experts with 128x128
+// blocks (FP32, UE8M0 or packed UE8M0 scales), group-128 or static activations.
+bool grouped_lean_serves(const NamedRecipe& recipe) {
+  return recipe.weight.element != ElementType::FP4_E2M1 && recipe.weight.granularity == WeightGranularity::Block &&
+         recipe.weight.block_n == 128 && recipe.weight.block_k == 128 &&
+         ((recipe.activation.granularity == ActGranularity::PerTokenGroup && recipe.activation.group_size == 128) ||
+          recipe.activation.is_static());
+}
+
+// The layer on the GPU with FINEGEMM_GROUPED_LEAN=0, then =128, 192 and 256, for FP32 and BF16 y (FINEGEMM_MOE_Y):
+// the same bits each time; the lean launch counter still when off, and then moving by two (gate_up unfused and down)
+// where `serves`, else still; each lean run within the reference's bar where `ref` is given.
+void expect_grouped_lean_same_bits(const tools::MoeData& data, bool serves, const std::string& what,
+                                   const HostTensor* ref) {
+  auto run_gpu = [&](const char* lean) {
+    const testing::ScopedEnv tiles("FINEGEMM_GROUPED_LEAN", lean);
+    return run_on_gpu(data);
+  };
+  for (const char* y : {"f32", "bf16"}) {
+    const testing::ScopedEnv y_dtype("FINEGEMM_MOE_Y", y);
+    const long long before_off = cuda::grouped_lean_launches();
+    const HostTensor off = run_gpu("0");
+    EXPECT_EQ(cuda::grouped_lean_launches(), before_off) << what << " y=" << y << ": taken with FINEGEMM_GROUPED_LEAN=0";
+    for (const char* lean : {"128", "192", "256"}) {
+      const long long launches = cuda::grouped_lean_launches();
+      const HostTensor on = run_gpu(lean);
+      if (serves)
+        EXPECT_EQ(cuda::grouped_lean_launches(), launches + 2)
+            << "gate_up and down did not both take the lean kernel: " << what << " y=" << y << " lean=" << lean;
+      else
+        EXPECT_EQ(cuda::grouped_lean_launches(), launches) << what << " is not served, yet took it";
+      EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size()))
+          << what << " y=" << y << " FINEGEMM_GROUPED_LEAN=" << lean;
+      if (ref) {
+        const auto cmp = tools::compare(on.view, ref->view);
+        EXPECT_TRUE(cmp.ok(kMoeBar)) << what << " y=" << y << " lean=" << lean << " rel=" << cmp.rel
+                                     << " non-finite=" << cmp.non_finite;
+      }
+    }
+  }
+}
+
 // The lean kernel's grouped mode (FINEGEMM_GROUPED_LEAN=128 / 192 / 256, off until measured on the GPU): the MoE
 // layer's Store GEMMs (gate_up unfused with FP32 output; down with the routing weights, FP32 and BF16 y) give the
 // general grouped kernel's bits on the recipes it serves (128x128 weight blocks with FP32, UE8M0 and packed UE8M0
@@ -376,42 +423,15 @@ TEST_F(CudaMoe, GroupedLeanSameBits) {
   const auto recipes = all_recipes();
   int served = 0;
   for (size_t r = 0; r < recipes.size(); ++r) {
-    const auto& recipe = recipes[r];
-    const bool serves = recipe.weight.element != ElementType::FP4_E2M1 &&
-                        recipe.weight.granularity == WeightGranularity::Block && recipe.weight.block_n == 128 &&
-                        recipe.weight.block_k == 128 &&
-                        ((recipe.activation.granularity == ActGranularity::PerTokenGroup &&
-                          recipe.activation.group_size == 128) ||
-                         recipe.activation.is_static());
+    const bool serves = grouped_lean_serves(recipes[r]);
     served += serves;
-    // The variants without expert biases (the lean kernel has no bias epilogue): SwiGLU and the no-gate SiLU.
+    // The variants without expert biases, SwiGLU and the no-gate SiLU (GroupedLeanBiasSameBits runs the biased ones).
     const MoeProblem problem = spread_problem(kVariants[(r % 2) * 3]);
     const auto masters = tools::make_moe_masters(rng(), problem);
-    auto data = tools::make_moe(rng(), recipe, problem, masters);
+    auto data = tools::make_moe(rng(), recipes[r], problem, masters);
     HostTensor ref(problem.out_dtype, {problem.tokens, problem.hidden});
     moe_experts(data.args(ref.view), {Backend::Reference});
-    auto run_gpu = [&](const char* lean) {
-      const testing::ScopedEnv tiles("FINEGEMM_GROUPED_LEAN", lean);
-      return run_on_gpu(data);
-    };
-    for (const char* y : {"f32", "bf16"}) {
-      const testing::ScopedEnv y_dtype("FINEGEMM_MOE_Y", y);
-      const HostTensor off = run_gpu("0");
-      for (const char* lean : {"128", "192", "256"}) {
-        const long long launches = cuda::grouped_lean_launches();
-        const HostTensor on = run_gpu(lean);
-        if (serves)
-          EXPECT_EQ(cuda::grouped_lean_launches(), launches + 2) << "gate_up and down did not both take the lean kernel: "
-                                                                 << recipe.name << " y=" << y << " lean=" << lean;
-        else
-          EXPECT_EQ(cuda::grouped_lean_launches(), launches) << recipe.name << " is not served, yet took it";
-        EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size()))
-            << recipe.name << " y=" << y << " FINEGEMM_GROUPED_LEAN=" << lean;
-        const auto cmp = tools::compare(on.view, ref.view);
-        EXPECT_TRUE(cmp.ok(kMoeBar)) << recipe.name << " y=" << y << " lean=" << lean << " rel=" << cmp.rel
-                                     << " non-finite=" << cmp.non_finite;
-      }
-    }
+    expect_grouped_lean_same_bits(data, serves, recipes[r].name, &ref);
   }
   EXPECT_GE(served, 7) << "all_recipes() lost the recipes the grouped lean kernel serves";
   const testing::ScopedEnv bad("FINEGEMM_GROUPED_LEAN", "64");
@@ -419,6 +439,297 @@ TEST_F(CudaMoe, GroupedLeanSameBits) {
   const auto masters = tools::make_moe_masters(rng(), problem);
   const auto data = tools::make_moe(rng(), recipes[0], problem, masters);
   EXPECT_THROW(run_on_gpu(data), Error);
+}
+
+// A copy of an expert bias in `dtype` (the layer takes F32, BF16 and F16 biases).
+HostTensor bias_as(const HostTensor& bias, DType dtype) {
+  HostTensor out(dtype, bias.view.sizes());
+  for (int64_t i = 0; i < bias.numel(); ++i) tools::write_float(out.view, i, tools::read_float(bias.view, i));
+  return out;
+}
+
+// GroupedLeanSameBits with expert biases (GPT-OSS), on the recipes the grouped lean mode serves: both biased
+// activation variants (SwiGLU with a limit, and the interleaved SwiGLU-OAI), each with gate_up / down biases in
+// F32 / F32, BF16 / F16 and F16 / BF16; FP32 and BF16 y; the same bits as the general kernel from every tile height
+// (gate_up unfused adds its bias to FP32 output, down its bias before the routing weight), the launch counter moving
+// by two (still when off), and the reference's bar on each recipe's first case. The layer's output is F32, so that
+// y's last bits mostly reach it (the combine sums y in F32; GroupedLeanGemmSameBits compares y itself). Separate from
+// GroupedLeanSameBits, which gpu-check also runs under compute-sanitizer.
+TEST_F(CudaMoe, GroupedLeanBiasSameBits) {
+  const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0");
+  struct Case {
+    const Variant& variant;
+    DType gate_up_bias, down_bias;
+  };
+  const Case cases[] = {{kVariants[1], DType::BF16, DType::F16}, {kVariants[2], DType::F16, DType::BF16},
+                        {kVariants[1], DType::F32, DType::F32},  {kVariants[2], DType::F32, DType::F32},
+                        {kVariants[1], DType::F16, DType::BF16}, {kVariants[2], DType::BF16, DType::F16}};
+  int served = 0;
+  for (const auto& recipe : all_recipes()) {
+    if (!grouped_lean_serves(recipe)) continue;  // GroupedLeanSameBits checks that those run the general kernel
+    ++served;
+    bool first = true;
+    for (const Case& c : cases) {
+      MoeProblem problem = spread_problem(c.variant);
+      problem.out_dtype = DType::F32;
+      const auto masters = tools::make_moe_masters(rng(), problem);
+      auto data = tools::make_moe(rng(), recipe, problem, masters);
+      ASSERT_TRUE(data.gate_up_bias.view.defined() && data.down_bias.view.defined()) << problem.variant();
+      data.gate_up_bias = bias_as(data.gate_up_bias, c.gate_up_bias);
+      data.down_bias = bias_as(data.down_bias, c.down_bias);
+      HostTensor ref;
+      if (first) {
+        ref = HostTensor(problem.out_dtype, {problem.tokens, problem.hidden});
+        moe_experts(data.args(ref.view), {Backend::Reference});
+      }
+      expect_grouped_lean_same_bits(data, true,
+                                    recipe.name + " " + problem.variant() + " biases " + dtype_name(c.gate_up_bias) +
+                                        "/" + dtype_name(c.down_bias),
+                                    first ? &ref : nullptr);
+      first = false;
+    }
+  }
+  EXPECT_GE(served, 7) << "all_recipes() lost the recipes the grouped lean kernel serves";
+}
+
+// ---- The grouped Store GEMM called directly (GroupedLeanGemmSameBits).
+constexpr Device kGpu{DeviceType::CUDA, 0};
+
+// A grouped Store GEMM's inputs: A [rows, K] E4M3 with 1x128 scales, B [E, N, K] E4M3 with 128x128 FP32 block scales,
+// and what its epilogues read: per-token and per-expert activation scales (the A scales' alternatives), routing
+// weights, an expert bias [E, N] (F32). Expert e owns rows [first[e], first[e] + counts[e]); every other row of A and
+// of its scales and weights holds NaN (what an unfilled buffer may hold), and of y is never written.
+struct GroupedGemmData {
+  bool masked = false;
+  int max_rows = 0;                          // masked: rows per expert
+  std::vector<int32_t> counts, first;        // per expert
+  std::vector<int32_t> groups;               // the layout's device array: offsets [E + 1] or counts [E] (masked)
+  std::vector<int32_t> owner;                // per row: its expert, or -1
+  int64_t experts = 0, rows = 0, n = 0, k = 0;
+  HostTensor a, a_scale, token_scale, expert_scale, row_weight, bias;
+  tools::QuantizedWeight b;
+};
+
+// Contiguous: experts of 0, 300, 1, 77, 128, 129, 0, 193 and 64 rows, then 19 rows past offsets[E] (moe.cu's scratch
+// tail). Masked: 200 rows per expert, 0, 200, 1, 77, 128, 129, 193 and 64 of them used. Expert ends fall inside and at
+// the edges of 128-, 192- and 256-row tiles.
+GroupedGemmData make_grouped_gemm(bool masked, int64_t n, int64_t k) {
+  GroupedGemmData g;
+  g.masked = masked;
+  g.n = n;
+  g.k = k;
+  g.counts = masked ? std::vector<int32_t>{0, 200, 1, 77, 128, 129, 193, 64}
+                    : std::vector<int32_t>{0, 300, 1, 77, 128, 129, 0, 193, 64};
+  g.experts = static_cast<int64_t>(g.counts.size());
+  g.max_rows = masked ? 200 : 0;
+  int32_t next = 0;
+  for (int64_t e = 0; e < g.experts; ++e) {
+    g.first.push_back(masked ? static_cast<int32_t>(e) * g.max_rows : next);
+    next += g.counts[e];
+  }
+  g.groups = masked ? g.counts : g.first;
+  if (!masked) g.groups.push_back(next);
+  g.rows = masked ? g.experts * g.max_rows : next + 19;
+  g.owner.assign(static_cast<size_t>(g.rows), -1);
+  for (int64_t e = 0; e < g.experts; ++e)
+    for (int32_t i = 0; i < g.counts[e]; ++i) g.owner[g.first[e] + i] = static_cast<int32_t>(e);
+
+  const HostTensor x = tools::random_normal(rng(), DType::BF16, {g.rows, k}, 1.0f);
+  g.a = HostTensor(DType::F8_E4M3, {g.rows, k});
+  g.a_scale = HostTensor(DType::F32, {g.rows, k / 128});
+  quantize_activations(x.view, ActivationRecipe::per_token_group(128), g.a.view, g.a_scale.view);
+  const HostTensor master = tools::random_normal(rng(), DType::F32, {g.experts, n, k}, 1.0f / std::sqrt(float(k)));
+  g.b = tools::quantize(master.view, WeightRecipe::block());
+  // Per-token and static scales of the A scales' size (y of the size of the bias, so that a bias left out shows),
+  // spread over two binades.
+  std::uniform_real_distribution<float> spread(0.5f, 2.0f), weight(0.25f, 1.0f);
+  g.token_scale = HostTensor(DType::F32, {g.rows});
+  g.row_weight = HostTensor(DType::F32, {g.rows});
+  for (int64_t r = 0; r < g.rows; ++r) {
+    g.token_scale.ptr<float>()[r] = g.a_scale.ptr<float>()[r * (k / 128)] * spread(rng());
+    g.row_weight.ptr<float>()[r] = weight(rng());
+  }
+  g.expert_scale = HostTensor(DType::F32, {g.experts});
+  for (int64_t e = 0; e < g.experts; ++e) g.expert_scale.ptr<float>()[e] = g.a_scale.ptr<float>()[0] * spread(rng());
+  g.bias = tools::random_normal(rng(), DType::F32, {g.experts, n}, 0.5f);
+  // Rows no expert owns: NaN codes and scales.
+  for (int64_t r = 0; r < g.rows; ++r) {
+    if (g.owner[r] >= 0) continue;
+    std::memset(g.a.bytes.data() + r * k, 0x7F, static_cast<size_t>(k));
+    for (int64_t j = 0; j < k / 128; ++j) g.a_scale.ptr<float>()[r * (k / 128) + j] = NAN;
+    g.token_scale.ptr<float>()[r] = NAN;
+    g.row_weight.ptr<float>()[r] = NAN;
+  }
+  return g;
+}
+
+// The owned rows' products before the epilogue, in double: Σ_kb a_scale[r, kb] · b_scale[e, n / 128, kb] ·
+// Σ_{k in kb} a[r, k] · b[e, n, k] (with_a_scale false: no A scale, as for per-token and static activations); 0 for
+// rows no expert owns.
+std::vector<double> grouped_products(const GroupedGemmData& g, bool with_a_scale) {
+  const int64_t kb_count = g.k / 128, scale_rows = (g.n + 127) / 128;
+  std::vector<float> a(static_cast<size_t>(g.rows * g.k)), b(static_cast<size_t>(g.experts * g.n * g.k));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = fmt::e4m3_to_float(g.a.bytes[i]);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = fmt::e4m3_to_float(g.b.weight.bytes[i]);
+  const float* b_scale = g.b.scale.ptr<float>();
+  std::vector<double> out(static_cast<size_t>(g.rows * g.n), 0.0);
+  for (int64_t r = 0; r < g.rows; ++r) {
+    const int64_t e = g.owner[r];
+    if (e < 0) continue;
+    for (int64_t col = 0; col < g.n; ++col) {
+      double sum = 0.0;
+      for (int64_t kb = 0; kb < kb_count; ++kb) {
+        double block = 0.0;
+        for (int64_t i = kb * 128; i < kb * 128 + 128; ++i)
+          block += double(a[r * g.k + i]) * double(b[(e * g.n + col) * g.k + i]);
+        const double a_scale = with_a_scale ? g.a_scale.ptr<float>()[r * kb_count + kb] : 1.0;
+        sum += block * a_scale * b_scale[(e * scale_rows + col / 128) * kb_count + kb];
+      }
+      out[r * g.n + col] = sum;
+    }
+  }
+  return out;
+}
+
+// A grouped Store GEMM's y (any output dtype) against the reference: on the owned rows (v · rs + bias) · w, with v
+// from grouped_products, rs the per-token or the expert's static scale (1 with group scales), the bias as `bias`
+// holds it (nullptr: none) and w the routing weight (1 unless weighted), within RECIPES.md's bar (rel 1e-3 for F32,
+// 3e-3 for 16-bit y); every other row still poisoned, byte for byte.
+void expect_grouped_y(const GroupedGemmData& g, const std::vector<double>& products, const ActivationRecipe& act,
+                      const HostTensor* bias, bool weighted, const HostTensor& y) {
+  const int64_t n = g.n;
+  const DType out_dtype = y.view.dtype;
+  HostTensor poisoned(out_dtype, {g.rows, n});
+  tools::poison(poisoned.view);
+  const size_t row_bytes = static_cast<size_t>(n) * dtype_size(out_dtype);
+  std::vector<float> got, want;
+  int64_t written_unowned = 0;
+  for (int64_t r = 0; r < g.rows; ++r) {
+    const int64_t e = g.owner[r];
+    if (e < 0) {
+      written_unowned +=
+          std::memcmp(y.bytes.data() + r * row_bytes, poisoned.bytes.data() + r * row_bytes, row_bytes) != 0;
+      continue;
+    }
+    const double rs = act.granularity == ActGranularity::PerToken ? g.token_scale.ptr<float>()[r]
+                      : act.is_static()                           ? g.expert_scale.ptr<float>()[e]
+                                                                  : 1.0;
+    const double w = weighted ? g.row_weight.ptr<float>()[r] : 1.0;
+    for (int64_t col = 0; col < n; ++col) {
+      const double add = bias ? tools::read_float(bias->view, e * n + col) : 0.0;
+      got.push_back(tools::read_float(y.view, r * n + col));
+      want.push_back(static_cast<float>((products[r * n + col] * rs + add) * w));
+    }
+  }
+  EXPECT_EQ(written_unowned, 0) << "rows no expert owns were written";
+  const int64_t owned = static_cast<int64_t>(got.size()) / n;
+  const auto cmp = tools::compare(TensorView::of(got.data(), DType::F32, {owned, n}),
+                                  TensorView::of(want.data(), DType::F32, {owned, n}));
+  EXPECT_TRUE(cmp.ok(out_dtype == DType::F32 ? 1e-3 : 3e-3))
+      << "y against the reference: rel=" << cmp.rel << " non-finite=" << cmp.non_finite;
+}
+
+// The lean kernel's grouped mode against the general grouped kernel, called directly (launch_sm90_fp8_grouped_gemm)
+// with the Store epilogues the MoE layer does not reach: y in F16, N not a multiple of 128 (the layer takes H and I
+// multiples of 128), the masked layout (the layer and the expert-parallel layer pass offsets), next to the ones it
+// does: y in F32 and BF16, no bias or an expert bias in F32, BF16 or F16, routing weights or none, group-128, per-token
+// and static activation scales; contiguous and masked layouts with expert ends inside and at the edges of the tiles,
+// rows no expert owns holding NaN in A. Each FINEGEMM_GROUPED_LEAN height gives y byte for byte as
+// FINEGEMM_GROUPED_LEAN=0 (the general kernel: 192-row tiles for the contiguous layout's ~100 rows per expert, 64-row
+// tiles for the masked layout's expected 16), into a poisoned y, with the launch counter moving by one (zero when off);
+// the general kernel's y is checked against a double reference (rel 1e-3 for F32, 3e-3 for 16-bit y, RECIPES.md) and
+// leaves the rows no expert owns poisoned. K = 640: five K blocks, so the last lap pads stages at every stage count.
+TEST_F(CudaMoe, GroupedLeanGemmSameBits) {
+  const int64_t k = 640;
+  const ActivationRecipe acts[] = {ActivationRecipe::per_token_group(128), ActivationRecipe::per_token(),
+                                   ActivationRecipe::static_per_tensor()};
+  const DType bias_dtypes[] = {DType::F32, DType::BF16, DType::F16};
+  int lean_runs = 0;
+  for (bool masked : {false, true}) {
+    for (int64_t n : {384, 200, 130}) {
+      const GroupedGemmData g = make_grouped_gemm(masked, n, k);
+      const std::vector<double> with_a_scale = grouped_products(g, true), without = grouped_products(g, false);
+      const DeviceTensor a = to_device(g.a.view, kGpu), a_scale = to_device(g.a_scale.view, kGpu),
+                         b = to_device(g.b.weight.view, kGpu), b_scale = to_device(g.b.scale.view, kGpu),
+                         token_scale = to_device(g.token_scale.view, kGpu),
+                         expert_scale = to_device(g.expert_scale.view, kGpu),
+                         row_weight = to_device(g.row_weight.view, kGpu),
+                         groups = to_device(TensorView::of(g.groups.data(), DType::I32,
+                                                           {static_cast<int64_t>(g.groups.size())}),
+                                            kGpu);
+      std::vector<HostTensor> host_bias;
+      std::vector<DeviceTensor> bias;
+      for (DType d : bias_dtypes) {
+        host_bias.push_back(bias_as(g.bias, d));
+        bias.push_back(to_device(host_bias.back().view, kGpu));
+      }
+      cuda::GroupedLayout layout;
+      if (masked) {
+        layout.counts = groups.view.ptr<const int32_t>();
+        layout.max_rows = g.max_rows;
+      } else {
+        layout.offsets = groups.view.ptr<const int32_t>();
+      }
+      layout.num_groups = static_cast<int>(g.experts);
+      layout.expected_rows_per_group = masked ? 16 : g.rows / g.experts;
+      for (const ActivationRecipe& act : acts) {
+        const bool group_scales = act.granularity == ActGranularity::PerTokenGroup;
+        const std::vector<double>& products = group_scales ? with_a_scale : without;
+        for (int bias_kind = -1; bias_kind < 3; ++bias_kind) {  // -1: no bias, else bias_dtypes[bias_kind]
+          for (DType out_dtype : {DType::F32, DType::BF16, DType::F16}) {
+            for (bool weighted : {false, true}) {
+              const std::string what = std::string(masked ? "masked" : "contiguous") + " N=" + std::to_string(n) +
+                                       " " + act.name() + " bias " +
+                                       (bias_kind < 0 ? "none" : dtype_name(bias_dtypes[bias_kind])) + " y " +
+                                       dtype_name(out_dtype) + (weighted ? " routing weights" : "");
+              SCOPED_TRACE(what);
+              cuda::GemmParams p;
+              p.m = static_cast<int>(g.rows);
+              p.n = static_cast<int>(n);
+              p.k = static_cast<int>(k);
+              const int promote_k = cuda::promotion_k(WeightRecipe::block(), act);
+              p.promote_k = promote_k == 0 ? 128 : promote_k;
+              const float* x_scale = group_scales ? a_scale.view.ptr<const float>()
+                                                  : (act.is_static() ? nullptr : token_scale.view.ptr<const float>());
+              cuda::set_activation_scales(p, act, x_scale, k / 128, 1, k, expert_scale.view.ptr<const float>());
+              cuda::set_weight_scales(p, WeightRecipe::block(), b_scale.view, n, k);
+              if (bias_kind >= 0) cuda::set_bias(p, bias[bias_kind].view, n);
+              if (weighted) p.row_weight = row_weight.view.ptr<const float>();
+              p.out_dtype = cuda::out_dtype_of(out_dtype);
+              p.ldo = n;
+              // y poisoned before every run: a run that leaves an element unwritten cannot inherit another's.
+              auto run = [&](const char* lean) {
+                const testing::ScopedEnv forced("FINEGEMM_GROUPED_LEAN", lean);
+                HostTensor y(out_dtype, {g.rows, n});
+                tools::poison(y.view);
+                const DeviceTensor d_y = to_device(y.view, kGpu);
+                cuda::GemmParams q = p;
+                q.out = d_y.view.data;
+                const long long before = cuda::grouped_lean_launches();
+                cuda::launch_sm90_fp8_grouped_gemm(a.view.data, k, b.view.data, k, layout, cuda::Epilogue::Store, q,
+                                                   nullptr);
+                EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "FINEGEMM_GROUPED_LEAN=" << lean;
+                EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "FINEGEMM_GROUPED_LEAN=" << lean;
+                EXPECT_EQ(cuda::grouped_lean_launches() - before, std::strcmp(lean, "0") == 0 ? 0 : 1)
+                    << "FINEGEMM_GROUPED_LEAN=" << lean << ": lean launches";
+                copy_to_host(d_y.view, y.view);
+                return y;
+              };
+              const HostTensor off = run("0");
+              expect_grouped_y(g, products, act, bias_kind < 0 ? nullptr : &host_bias[bias_kind], weighted, off);
+              for (const char* lean : {"128", "192", "256"}) {
+                const HostTensor on = run(lean);
+                ++lean_runs;
+                EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size()))
+                    << "FINEGEMM_GROUPED_LEAN=" << lean << " vs 0";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lean_runs, 2 * 3 * 3 * 4 * 3 * 2 * 3);
 }
 
 using testing::ScopedEnv;

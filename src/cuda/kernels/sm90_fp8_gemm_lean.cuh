@@ -66,7 +66,8 @@ struct LeanGemm {
 // t % num_m_blocks, column block t / num_m_blocks; A scales M-major by the bulk copy; the epilogue through shared memory
 // and TMA stores. Grouped (the MoE Store GEMM): the GroupedScheduler's tiles over each expert's rows (a tile's rows past
 // its expert's end are computed and dropped), the expert's B rows and scales, A scales row-major read by each consumer
-// thread for its two rows, and the epilogue stored from registers with the row mask and the routing weights.
+// thread for its two rows, and the epilogue stored from registers with the expert's bias, the row mask and the routing
+// weights.
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
@@ -249,12 +250,38 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       }
     }
     if constexpr (kGrouped) {
-      // From registers: (v · rs + 0) · w rounded to the output type (the general kernel's lean store; w the row's
-      // routing weight, 1 without), rows past the expert's end and columns past N dropped.
+      // From registers: (v · rs + bias) · w, each step rounded, then to the output type; rows past the expert's end
+      // and columns past N dropped; w the row's routing weight, 1 without. The general kernel's Store epilogue: its
+      // lean store adds 0 (no bias), and its general loop (with a bias) computes ((v · rs) · 1 + bias) · w, the unit
+      // column scale an exact step (the SASS of its 19 grouped Store kernels at 9178208: FMUL, FMUL, FADD, FMUL, no
+      // FFMA contraction), so the same bits.
       // The tile looked up again: nothing of it stays live through the K loop (the 192-row build's registers).
       const Tile et = tile_of(t);
       const float* row_scale = p.row_scale + (p.row_mode == VecMode::Scalar ? et.group * p.row_scale_group_stride : 0);
       const int col_base = et.n0 + (lane % 4) * 2;
+      // The expert's bias at this thread's columns (col_base + 8c and the next), once per tile for every half:
+      // load_bias (F32, BF16 or F16), 0 without a bias. Columns past N read column N - 2 (computed, never stored).
+      float bias[kLeanBlockN / 4];
+      const int64_t bias_base = et.group * p.bias_group_stride;
+      auto load_biases = [&]() {
+#pragma unroll
+        for (int c = 0; c < kLeanBlockN / 8; ++c) {
+          const int64_t col = bias_base + min(col_base + c * 8, p.n - 2);
+          bias[2 * c] = load_bias(p, col);
+          bias[2 * c + 1] = load_bias(p, col + 1);
+        }
+      };
+      // One dispatch on the dtype per tile, inside which load_bias's own switch folds.
+      // NOTE: load_bias called bare kept its switch at each of the 32 columns (the SASS: a compare-and-branch chain
+      // per column, with or without a bias).
+      switch (p.bias_dtype) {
+        case static_cast<int>(OutDType::F32): load_biases(); break;
+        case static_cast<int>(OutDType::BF16): load_biases(); break;
+        case static_cast<int>(OutDType::F16): load_biases(); break;
+        default:
+#pragma unroll
+          for (int i = 0; i < kLeanBlockN / 4; ++i) bias[i] = 0.0f;
+      }
 #pragma unroll
       for (int half = 0; half < L::kHalves; ++half) {
         const int row0 = et.m0 + r0 + L::kPassRows * half, row1 = row0 + 8;
@@ -269,10 +296,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int c = 0; c < kLeanBlockN / 8; ++c) {
             if (col_base + c * 8 >= p.n) continue;
-            const float v0 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4], rs0), 0.0f), w0);
-            const float v1 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 1], rs0), 0.0f), w0);
-            const float v2 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 2], rs1), 0.0f), w1);
-            const float v3 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 3], rs1), 0.0f), w1);
+            const float v0 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4], rs0), bias[2 * c]), w0);
+            const float v1 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 1], rs0), bias[2 * c + 1]), w0);
+            const float v2 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 2], rs1), bias[2 * c]), w1);
+            const float v3 = __fmul_rn(__fadd_rn(__fmul_rn(tot[c * 4 + 3], rs1), bias[2 * c + 1]), w1);
             if (in0) store_out_pair(out + off0 + c * 8, v0, v1);
             if (in1) store_out_pair(out + off1 + c * 8, v2, v3);
           }

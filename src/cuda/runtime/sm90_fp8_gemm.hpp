@@ -125,9 +125,10 @@ struct GroupedLayout {
 inline constexpr int kMaxGroupedExperts = 1024;
 
 // The lean kernel's grouped mode (sm90_fp8_gemm_lean.cuh) for the Store GEMM of E4M3 experts with 128x128 block
-// scales and 1x128 activation scales (any strides) or none, no bias or column scale, plain B layout, any output type,
-// the routing weights as p.row_weight: 128-, 192- or 256-row tiles. FINEGEMM_GROUPED_LEAN=128 / 192 / 256 takes it
-// (off until measured on the GPU). The same bits as the general grouped kernel.
+// scales and 1x128 activation scales (any strides) or none, an expert bias (F32, BF16 or F16) or none, no column
+// scale, plain B layout, any output type, the routing weights as p.row_weight: 128-, 192- or 256-row tiles.
+// FINEGEMM_GROUPED_LEAN=128 / 192 / 256 takes it (off until measured on the GPU). The same bits as the general grouped
+// kernel.
 bool grouped_lean_ok(const GemmParams& p, int block_m, int num_groups, int device);
 void launch_sm90_fp8_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                                   const GemmParams& p, int block_m, int device, cudaStream_t stream);

@@ -107,7 +107,9 @@ bool grouped_lean_ok(const GemmParams& p, int block_m, int num_groups, int devic
     return false;
   if (p.b_scale == nullptr || p.b_block_n != kLeanBlockN || p.b_block_k != kGemmBlockK || p.b_scale_cols < num_kb)
     return false;
-  if (p.gate != nullptr || p.workspace != nullptr || p.bias_dtype >= 0 || p.col_mode != VecMode::None) return false;
+  // An expert bias (load_bias's dtypes) is added as the general kernel's Store epilogue adds it; a column scale is not
+  // (set_weight_scales gives one only to per-tensor and per-channel weights, which have no block scales).
+  if (p.gate != nullptr || p.workspace != nullptr || p.col_mode != VecMode::None) return false;
   // Two outputs per store: even N and leading dimension, the output aligned to a pair.
   const size_t elem = p.out_dtype == OutDType::F32 ? 4 : 2;
   if (p.n % 2 != 0 || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % (2 * elem) != 0) return false;
