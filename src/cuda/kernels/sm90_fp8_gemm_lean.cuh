@@ -188,16 +188,31 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     // Grouped, row-major A scales: this thread's rows' scale offsets, once per tile (rows past M clamped: computed,
     // never stored), 32-bit (grouped_lean_ok bounds them); the K loop adds kb · stride_k. 64-bit addresses rebuilt per
     // K block, or kept as pointers, spilled the 192-row build (152 registers).
+    // The scales themselves are loaded one K block ahead (a_next): loaded after the stage's full-barrier wait, their
+    // L2 latency showed past the K block's four wgmma (a helper's reading of the code; not yet measured).
     int a_rows[2 * L::kHalves];
+    float a_next[2 * L::kHalves];
+    auto load_a_scales = [&](int kb) {
+      const int k_off = kb * static_cast<int>(p.a_scale_stride_k);
+#pragma unroll
+      for (int i = 0; i < 2 * L::kHalves; ++i) a_next[i] = p.a_scale[a_rows[i] + k_off];
+    };
     if constexpr (kAScale && kGrouped) {
 #pragma unroll
       for (int i = 0; i < 2 * L::kHalves; ++i)
         a_rows[i] = min(m0 + r0 + L::kPassRows * (i / 2) + 8 * (i % 2), p.m - 1) * static_cast<int>(p.a_scale_stride_m);
+      load_a_scales(0);
     }
     // K block kb in stage s: wait; per half, the four k32 steps from zero and the promotion into that half's total;
     // the release after the last half's wgmma.
     auto k_block = [&](int s, int kb, uint32_t parity) {
       const float sb = smem_sfb[kb];
+      float a_cur[2 * L::kHalves];
+      if constexpr (kAScale && kGrouped) {
+#pragma unroll
+        for (int i = 0; i < 2 * L::kHalves; ++i) a_cur[i] = a_next[i];
+        if (kb + 1 < num_kb) load_a_scales(kb + 1);
+      }
       ptx::mbar_wait(&full[s], parity);
       const float* sa = smem_sfa + s * BLOCK_M;
 #pragma unroll
@@ -206,9 +221,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         const int rh = r0 + L::kPassRows * half;
         float lo0 = sb, lo1 = sb;
         if constexpr (kAScale && kGrouped) {
-          const int k_off = kb * static_cast<int>(p.a_scale_stride_k);
-          lo0 = p.a_scale[a_rows[2 * half] + k_off] * sb;
-          lo1 = p.a_scale[a_rows[2 * half + 1] + k_off] * sb;
+          lo0 = a_cur[2 * half] * sb;
+          lo1 = a_cur[2 * half + 1] * sb;
         } else if constexpr (kAScale) {
           lo0 = sa[rh] * sb;
           lo1 = sa[rh + 8] * sb;
