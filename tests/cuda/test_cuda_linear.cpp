@@ -272,13 +272,14 @@ std::vector<Buffer> run_captured(const LinearArgs& host_args, int replays, long 
 // kernel serves (E4M3 weights in 64- and 128-row CTAs, FP4 weights at 128 and 256 of K per stage), at every token
 // width, with N tails (N = 320 at even M: five 64-row tiles, the 128-row CTAs' last one with an idle warpgroup; N = 336
 // at odd M: a 16-row last tile, and a 128-row one whose second warpgroup has 16 rows), splits 2, 3 and 4 (5 asked of
-// 16 K blocks), with and without programmatic launches, F32 and BF16 out with a bias on odd M.
+// 16 K blocks), with and without programmatic launches, F32 and BF16 out with a bias on odd M; and the FP4 GEMV
+// (FINEGEMM_FP4_GEMV=1 at M <= 16), unsplit and split in 3, which finishes in the kernel in both cases.
 // FINEGEMM_TEST_QUICK=1 (the sanitizer runs): the first recipe of each weight element, M = 1 and 33. Three eager runs in a row into poisoned
 // outputs (a counter left non-zero would leave the next call's tiles unfinished), a launch counter, then the call
 // captured in a graph and replayed three times; unsplit calls never take it.
 TEST_F(CudaTest, DecodeSplitFinishSameBits) {
   const ScopedEnv fp8("FINEGEMM_FP8_DECODE", "1");
-  const ScopedEnv no_gemv("FINEGEMM_FP4_GEMV", "0");
+  const ScopedEnv no_gemv("FINEGEMM_FP4_GEMV", "0");  // the launches below ask for it
   const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
   int served = 0, served_fp4 = 0, served_fp8 = 0;
   for (const NamedRecipe& recipe : all_recipes()) {
@@ -296,20 +297,23 @@ TEST_F(CudaTest, DecodeSplitFinishSameBits) {
       const int64_t n = m % 2 == 1 ? 336 : 320;
       LinearCase c = make_case(recipe, m, n, 2048, DType::BF16, out_dtype, m % 2 == 1);
       const Buffer ref = run_reference(c.args, out_dtype, m, n);
-      // (the other layout: 128-row CTAs for E4M3 weights, 256 of K per stage for FP4 weights)
+      // (the other layout: 128-row CTAs for E4M3 weights, 256 of K per stage for FP4 weights; the GEMV: FP4 weights
+      // at M <= 16, split or not, which applies its epilogue in the kernel even unsplit)
       struct Launch {
-        bool other_layout;
+        bool other_layout, gemv;
         const char *split, *pdl;
       };
-      for (const auto& [other_layout, split, pdl] :
-           {Launch{false, "2", "0"}, Launch{false, "5", "1"}, Launch{true, "3", "0"}}) {
+      std::vector<Launch> launches = {{false, false, "2", "0"}, {false, false, "5", "1"}, {true, false, "3", "0"}};
+      if (fp4 && m <= 16) launches.insert(launches.end(), {{false, true, "1", "0"}, {false, true, "3", "1"}});
+      for (const auto& [other_layout, gemv, split, pdl] : launches) {
         const char* layout = other_layout ? (fp4 ? "256" : "128") : "";
         const ScopedEnv rows("FINEGEMM_DECODE_ROWS", fp4 ? "" : layout);
         const ScopedEnv stage_k("FINEGEMM_FP4_DECODE_STAGE_K", fp4 ? layout : "");
         const ScopedEnv forced("FINEGEMM_FP4_DECODE_SPLIT", split);
         const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
+        const ScopedEnv with_gemv("FINEGEMM_FP4_GEMV", gemv ? "1" : "0");
         const std::string what = recipe.name + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
-                                 " layout=" + layout + " split=" + split + " pdl=" + pdl;
+                                 " layout=" + layout + (gemv ? " gemv" : "") + " split=" + split + " pdl=" + pdl;
         Buffer reduced;
         {
           const ScopedEnv off("FINEGEMM_DECODE_SPLIT_FINISH", "0");

@@ -29,6 +29,7 @@
 
 #include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/gemm_params.cuh"
+#include "cuda/kernels/split_finish.cuh"
 
 namespace finegemm::cuda {
 
@@ -87,11 +88,14 @@ inline constexpr int kGemvSmemBytes = kGemvWarps * kGemvStages * GemvStage<MT>::
 
 // Grid: (⌈N / 16⌉, split); each warp takes `steps_per_warp` steps of 128 of K from (split · 4 + warp) · steps_per_warp.
 // Partials: p.workspace[split][M][N] (the promotion applied, the epilogue not). MT: 1 or 2 (M ≤ 16). kFmt: the weight
-// scales' format (p.b_scale_fmt).
-template <int MT, ScaleFmt kFmt>
+// scales' format (p.b_scale_fmt). kSplitFinish (split_counters: FINEGEMM_DECODE_SPLIT_FINISH=1, not yet run on a GPU):
+// warp 0 of the tile's last CTA applies the epilogue itself (split_finish_in_kernel), even unsplit, and no reduce
+// kernel runs.
+template <int MT, ScaleFmt kFmt, bool kSplitFinish = false>
 __global__ void __launch_bounds__(kGemvWarps * 32) sm90_fp4_gemv_kernel(const uint8_t* __restrict__ x, int64_t lda,
                                                                          const uint8_t* __restrict__ w, int64_t ldb,
-                                                                         const GemmParams p, int steps_per_warp) {
+                                                                         const GemmParams p, int steps_per_warp,
+                                                                         int* split_counters) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using St = GemvStage<MT>;
   extern __shared__ __align__(16) uint8_t gemv_smem[];
@@ -290,6 +294,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) sm90_fp4_gemv_kernel(const ui
       if (token < p.m && row < p.n) part[static_cast<int64_t>(token) * p.n + row] = total[mt][e];
     }
   }
+  // Warp 0 alone from here (the stages are quiescent: every cp.async waited for, the sums read).
+  if constexpr (kSplitFinish)
+    split_finish_in_kernel<kGemvRows, 32>(p, true, split_counters + blockIdx.x, static_cast<int>(gridDim.y), 0, p.m,
+                                          row0, reinterpret_cast<volatile int*>(gemv_smem));
 #endif
 }
 

@@ -30,7 +30,7 @@ constexpr int kFp4DecodeStages =
     kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
                  : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
-// kSplitFinish: the instantiation that finishes its split-K itself (decode_split_finish; one preparer only).
+// kSplitFinish: the instantiation that finishes its split-K itself (split_finish_in_kernel; one preparer only).
 template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1, bool kSplitFinish = false>
 auto fp4_decode_kernel() {
   return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows, kGrouped,
@@ -125,7 +125,7 @@ void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmPara
   }
 }
 
-// The tile counters of the in-kernel split-K finish (decode_split_finish): one int per (slot, tile) of a call, zero
+// The tile counters of the in-kernel split-K finish (split_finish_in_kernel): one int per (slot, tile) of a call, zero
 // between calls. They live in this module's device memory (zero at load, 4 MB per device), so that no allocation or
 // memset is ever enqueued, which keeps a captured decode call one kernel node. Regions of them go to one (device,
 // stream) for its eager calls, whose kernels run in stream order (kept for the process), or to one (device, stream,
@@ -173,6 +173,8 @@ void release_region(void* owner_ptr) {
   }
   delete owner;
 }
+
+}  // namespace
 
 int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
   if (device < 0 || device >= kMaxDevices || count <= 0) return nullptr;
@@ -234,8 +236,7 @@ int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
   return c.base[device] + region.offset;
 }
 
-}  // namespace
-
+void count_split_finish() { ++split_finishes; }
 long long decode_split_finishes() { return split_finishes.load(); }
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }

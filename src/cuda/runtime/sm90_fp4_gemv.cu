@@ -21,6 +21,8 @@ int gemv_prepare(int device) {
   if (ctas == 0 || device >= kMaxDevices) {
     FG_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp4_gemv_kernel<MT, kFmt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kGemvSmemBytes<MT>));
+    FG_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp4_gemv_kernel<MT, kFmt, true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvSmemBytes<MT>));
     FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, sm90_fp4_gemv_kernel<MT, kFmt>, kGemvWarps * 32,
                                                                 kGemvSmemBytes<MT>));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 gemv: no CTA of the kernel fits on an SM");
@@ -43,18 +45,20 @@ int ctas_per_sm(int mt, ScaleFmt fmt, int device) {
 
 template <int MT, ScaleFmt kFmt>
 void gemv_launch(dim3 grid, const uint8_t* x, int64_t lda, const uint8_t* w, int64_t ldb, const GemmParams& p,
-                 int steps_per_warp, cudaStream_t stream) {
-  launch_programmatic(p.pdl, sm90_fp4_gemv_kernel<MT, kFmt>, grid, kGemvWarps * 32, kGemvSmemBytes<MT>, stream, x, lda, w,
-                      ldb, p, steps_per_warp);
+                 int steps_per_warp, int* split_counters, cudaStream_t stream) {
+  const auto kernel = split_counters != nullptr ? sm90_fp4_gemv_kernel<MT, kFmt, true> : sm90_fp4_gemv_kernel<MT, kFmt>;
+  launch_programmatic(p.pdl, kernel, grid, kGemvWarps * 32, kGemvSmemBytes<MT>, stream, x, lda, w, ldb, p,
+                      steps_per_warp, split_counters);
 }
 
 template <int MT>
 void gemv_launch(dim3 grid, const uint8_t* x, int64_t lda, const uint8_t* w, int64_t ldb, const GemmParams& p,
-                 int steps_per_warp, cudaStream_t stream) {
-  if (p.b_scale_fmt == ScaleFmt::F32) gemv_launch<MT, ScaleFmt::F32>(grid, x, lda, w, ldb, p, steps_per_warp, stream);
+                 int steps_per_warp, int* split_counters, cudaStream_t stream) {
+  if (p.b_scale_fmt == ScaleFmt::F32)
+    gemv_launch<MT, ScaleFmt::F32>(grid, x, lda, w, ldb, p, steps_per_warp, split_counters, stream);
   else if (p.b_scale_fmt == ScaleFmt::UE8M0_PACKED)
-    gemv_launch<MT, ScaleFmt::UE8M0_PACKED>(grid, x, lda, w, ldb, p, steps_per_warp, stream);
-  else gemv_launch<MT, ScaleFmt::UE8M0>(grid, x, lda, w, ldb, p, steps_per_warp, stream);
+    gemv_launch<MT, ScaleFmt::UE8M0_PACKED>(grid, x, lda, w, ldb, p, steps_per_warp, split_counters, stream);
+  else gemv_launch<MT, ScaleFmt::UE8M0>(grid, x, lda, w, ldb, p, steps_per_warp, split_counters, stream);
 }
 
 }  // namespace
@@ -105,7 +109,7 @@ Fp4GemvConfig choose_fp4_gemv_config(int m, int n, int k, ScaleFmt fmt, int num_
   return c;
 }
 
-void launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
+bool launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
                           const Fp4GemvConfig& c, cudaStream_t stream) {
   if (p.workspace == nullptr) throw Error("fp4 gemv: needs the split-K workspace");
   int device = 0;
@@ -114,9 +118,14 @@ void launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb
   const dim3 grid(static_cast<unsigned>(c.tiles), static_cast<unsigned>(c.split_k));
   const auto* x = static_cast<const uint8_t*>(a);
   const auto* w = static_cast<const uint8_t*>(b);
-  if (c.mt == 1) gemv_launch<1>(grid, x, lda, w, ldb, p, c.steps_per_warp, stream);
-  else gemv_launch<2>(grid, x, lda, w, ldb, p, c.steps_per_warp, stream);
+  // The epilogue in the kernel (FINEGEMM_DECODE_SPLIT_FINISH=1, off until measured): even unsplit, no reduce kernel.
+  int* counters = env_switch("FINEGEMM_DECODE_SPLIT_FINISH", false) ? claim_split_counters(device, stream, c.tiles)
+                                                                    : nullptr;
+  if (c.mt == 1) gemv_launch<1>(grid, x, lda, w, ldb, p, c.steps_per_warp, counters, stream);
+  else gemv_launch<2>(grid, x, lda, w, ldb, p, c.steps_per_warp, counters, stream);
   FG_CUDA_CHECK(cudaGetLastError());
+  if (counters) count_split_finish();
+  return counters != nullptr;
 }
 
 }  // namespace finegemm::cuda

@@ -481,7 +481,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // Scales constant over 128 (DeepSeek's block 128x128 with 1x128 groups) promote once per K block; finer recipes
   // (group 32, block 32x32, MX 1x32) promote every 32.
   bool finished = false;  // the decode kernel summed its own splits (FINEGEMM_DECODE_SPLIT_FINISH)
-  if (fp4_gemv) launch_sm90_fp4_gemv(a, lda, b, ldb, p, gemv, stream);
+  if (fp4_gemv) finished = launch_sm90_fp4_gemv(a, lda, b, ldb, p, gemv, stream);
   else if (fp4_decode || fp8_decode) finished = launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);

@@ -96,7 +96,8 @@ struct Fp4GemvConfig {
 bool fp4_gemv_default(int m, int n);  // where it measured faster than the decode kernel
 bool fp4_gemv_ok(const GemmParams& p, const void* a, int64_t lda, const void* b, int64_t ldb);
 Fp4GemvConfig choose_fp4_gemv_config(int m, int n, int k, ScaleFmt fmt, int num_sms, int device);
-void launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
+// Returns true when the kernel applied the epilogue itself (FINEGEMM_DECODE_SPLIT_FINISH=1): no reduce to launch.
+bool launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
                           const Fp4GemvConfig& c, cudaStream_t stream);
 
 // The decode kernel's recipes (any M: callers choose by M): FP4 weights with MX 1x32 scales, or E4M3 weights with
@@ -105,8 +106,14 @@ void launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb
 enum class DecodeKind { None, Fp4, Fp8 };
 DecodeKind decode_kernel_kind(const GemmParams& p);
 
-// How many decode launches finished their split-K in the kernel (tests check that the switch took effect).
+// How many decode launches finished their split-K in the kernel (tests check that the switch took effect), and the
+// count's increment (the launchers, once per launch that takes it).
 long long decode_split_finishes();
+void count_split_finish();
+// Tile counters for the split-K finish inside a decode kernel (split_finish_in_kernel): `count` ints, zero, for a call
+// on `stream` (eager or captured; sm90_fp4_decode.cu says how they are shared), or nullptr: none left, or an eager
+// call on cudaStreamPerThread (the reduce kernel then finishes the call).
+int* claim_split_counters(int device, cudaStream_t stream, int64_t count);
 
 // MoE experts at decode sizes: the decode kernel over the experts that groups.list names (rows per expert usually
 // ≤ wn_rows; more run in chunks), p.m rows in all. The epilogue applies p's scales, bias and row weight per expert
