@@ -34,7 +34,7 @@ __device__ __forceinline__ void split_finish_in_kernel(const GemmParams& p, bool
   ptx::named_bar_sync<1, kThreads>();
   if (*flag == 0) return;
   __threadfence();
-  const int half = min(kRows, p.n - n0) / 2;  // column pairs (N is a multiple of 16)
+  const int half = min(kRows, p.n - n0) / 2;  // column pairs (N is even: linear() sends odd N to the host)
   for (int e = static_cast<int>(threadIdx.x); e < rows * half; e += kThreads) {
     const int row = row0 + e / half, col = n0 + 2 * (e % half);
     const float* at = p.workspace + static_cast<int64_t>(row) * p.n + col;
