@@ -1,5 +1,7 @@
 // The CPU reference: the definition of every op (RECIPES.md), written to be obviously right rather than fast.
 // Plain loops, double accumulation, one scale lookup per element. Every other backend is tested against it.
+// Independent outputs (a linear's rows, an MoE layer's routed slots) run on OpenMP threads: each output's arithmetic,
+// and so every bit of the result, is that of the plain loop, whatever the thread count.
 // Arguments arrive validated (src/core/validate.cpp): dtypes, shapes, contiguity and scale values hold.
 #include <algorithm>
 #include <cmath>
@@ -106,9 +108,10 @@ struct QuantizedMatrix {
     return NAN;
   }
 
-  // decode(q) · scale for every element, row-major [n, k], exact in double.
+  // decode(q) · scale for every element, row-major [n, k], exact in double (rows on threads: each element is exact).
   std::vector<double> dequantize() const {
     std::vector<double> w(static_cast<size_t>(n * k));
+#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 18))
     for (int64_t row = 0; row < n; ++row)
       for (int64_t col = 0; col < k; ++col) w[row * k + col] = element(row, col) * scale(row, col);
     return w;
@@ -304,18 +307,40 @@ void reference_dequantize_weights(const TensorView& w_q, const TensorView& w_sca
     for (int64_t c = 0; c < k; ++c) store(w, row * k + c, q.element(row, c) * q.scale(row, c));
 }
 
+// y[row, col] = Σ_c x[row, c] · w[col, c] (c = 0..k-1 in order, in double), + bias[col]; y is [m, n] row-major
+// (a linear's outputs; an expert's projections of one row, m = 1).
+// The outputs are independent, so rows are spread over threads; four columns at a time only so that four sums'
+// additions overlap (each still adds its products in the order above: the same bits as one column at a time).
+// No throwing call inside: the caller stores the doubles.
+void dot_rows(const double* x, const double* w, const double* bias, int64_t m, int64_t n, int64_t k, double* y) {
+#pragma omp parallel for schedule(dynamic, 1) if (m * n * k >= (int64_t{1} << 22))
+  for (int64_t row = 0; row < m; ++row) {
+    const double* xr = x + row * k;
+    int64_t col = 0;
+    for (; col + 4 <= n; col += 4) {
+      double acc[4] = {0.0, 0.0, 0.0, 0.0};
+      for (int64_t c = 0; c < k; ++c)
+        for (int j = 0; j < 4; ++j) acc[j] += xr[c] * w[(col + j) * k + c];
+      for (int j = 0; j < 4; ++j) y[row * n + col + j] = bias ? acc[j] + bias[col + j] : acc[j];
+    }
+    for (; col < n; ++col) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < k; ++c) acc += xr[c] * w[col * k + c];
+      y[row * n + col] = bias ? acc + bias[col] : acc;
+    }
+  }
+}
+
 void reference_linear(const LinearArgs& a) {
   const int64_t m = a.x.shape[0], k = a.x.shape[1], n = a.weight.shape[0];
   const std::vector<double> x = linear_activations(a);
   const std::vector<double> w = matrix_of(a.weight, a.weight_scale, a.weight_recipe, n, k).dequantize();
-  for (int64_t row = 0; row < m; ++row) {
-    for (int64_t col = 0; col < n; ++col) {
-      double acc = 0.0;
-      for (int64_t c = 0; c < k; ++c) acc += x[row * k + c] * w[col * k + c];
-      if (a.bias.defined()) acc += load(a.bias, col);
-      store(a.out, row * n + col, acc);
-    }
-  }
+  std::vector<double> bias;
+  if (a.bias.defined())
+    for (int64_t col = 0; col < n; ++col) bias.push_back(load(a.bias, col));
+  std::vector<double> y(static_cast<size_t>(m * n));
+  dot_rows(x.data(), w.data(), bias.empty() ? nullptr : bias.data(), m, n, k, y.data());
+  for (int64_t i = 0; i < m * n; ++i) store(a.out, i, y[i]);
 }
 
 void reference_moe(const MoeArgs& a) {
@@ -330,8 +355,9 @@ void reference_moe(const MoeArgs& a) {
 
   // y of every routed (token, slot), [T·k, H]; combined in slot order at the end.
   std::vector<double> slot_out(static_cast<size_t>(tokens * top_k * h), 0.0);
-  std::vector<float> x_row(static_cast<size_t>(h)), act(static_cast<size_t>(inter));
-  std::vector<double> hidden_proj(static_cast<size_t>(rows));
+  // The hidden states as floats, read once (no throwing call in the parallel loop below).
+  std::vector<float> hidden(static_cast<size_t>(tokens * h));
+  for (int64_t i = 0; i < tokens * h; ++i) hidden[i] = load(a.hidden, i);
 
   // Expert-major: each used expert's weights are dequantized once.
   for (int64_t e = 0; e < experts; ++e) {
@@ -344,18 +370,23 @@ void reference_moe(const MoeArgs& a) {
     const std::vector<double> w_down = expert_matrix(a.down, a.down_scale, wr, e, h, inter).dequantize();
     const float gate_up_static = ar.is_static() ? a.gate_up_act_scale.ptr<const float>()[e] : 0.0f;
     const float down_static = ar.is_static() ? a.down_act_scale.ptr<const float>()[e] : 0.0f;
+    std::vector<double> gate_up_bias, down_bias;
+    if (a.gate_up_bias.defined())
+      for (int64_t r = 0; r < rows; ++r) gate_up_bias.push_back(load(a.gate_up_bias, e * rows + r));
+    if (a.down_bias.defined())
+      for (int64_t c = 0; c < h; ++c) down_bias.push_back(load(a.down_bias, e * h + c));
 
-    for (int64_t flat : routed) {
+    // The routed slots are independent (each writes its own row of slot_out): spread over threads.
+#pragma omp parallel for schedule(dynamic, 1) if (routed.size() > 1 && static_cast<int64_t>(routed.size()) * rows * h >= (int64_t{1} << 20))
+    for (size_t ri = 0; ri < routed.size(); ++ri) {
+      const int64_t flat = routed[ri];
       const int64_t t = flat / top_k;
+      std::vector<float> act(static_cast<size_t>(inter));
+      std::vector<double> hidden_proj(static_cast<size_t>(rows));
       // Quantize the token per the activation recipe, then the gate/up projection.
-      for (int64_t c = 0; c < h; ++c) x_row[c] = load(a.hidden, t * h + c);
-      const std::vector<double> x = quantize_row(x_row.data(), h, ar, gate_up_static);
-      for (int64_t r = 0; r < rows; ++r) {
-        double acc = 0.0;
-        for (int64_t c = 0; c < h; ++c) acc += w_gate_up[r * h + c] * x[c];
-        if (a.gate_up_bias.defined()) acc += load(a.gate_up_bias, e * rows + r);
-        hidden_proj[r] = acc;
-      }
+      const std::vector<double> x = quantize_row(hidden.data() + t * h, h, ar, gate_up_static);
+      dot_rows(x.data(), w_gate_up.data(), gate_up_bias.empty() ? nullptr : gate_up_bias.data(), 1, rows, h,
+               hidden_proj.data());
       // Activation in double, rounded to float: the GPU does the same from its fp32 accumulator.
       for (int64_t i = 0; i < inter; ++i) {
         double v;
@@ -370,13 +401,8 @@ void reference_moe(const MoeArgs& a) {
       }
       // Requantize the intermediate per the recipe, then the down projection.
       const std::vector<double> mid = quantize_row(act.data(), inter, ar, down_static);
-      double* y = slot_out.data() + flat * h;
-      for (int64_t c = 0; c < h; ++c) {
-        double acc = 0.0;
-        for (int64_t i = 0; i < inter; ++i) acc += w_down[c * inter + i] * mid[i];
-        if (a.down_bias.defined()) acc += load(a.down_bias, e * h + c);
-        y[c] = acc;
-      }
+      dot_rows(mid.data(), w_down.data(), down_bias.empty() ? nullptr : down_bias.data(), 1, h, inter,
+               slot_out.data() + flat * h);
     }
   }
 
