@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/formats.hpp"
 #include "cuda/kernels/fp4_expand.hpp"
@@ -114,6 +115,82 @@ TEST(Fp4GemvExpand, Ue8m0BitsMatchTheFormat) {
     std::memcpy(&got, &bits, sizeof got);
     if (e == 255) EXPECT_TRUE(std::isnan(got));
     else EXPECT_EQ(got, want) << "e=" << e;
+  }
+}
+
+// The eight-code expansion of the lean GEMM's in-kernel FP4 path: the same bytes as two four-code expansions, for
+// every table row, on words covering every nibble value in every position and random ones.
+TEST(Fp4Expand, EightCodesMatchTwoFourCodeExpansions) {
+  uint32_t state = 987654321u;
+  auto next = [&]() { return state = state * 1664525u + 1013904223u; };
+  for (int d = 0; d <= 8; ++d) {
+    const uint32_t lo = fp4_fold_table_word(d, 0), hi = fp4_fold_table_word(d, 1);
+    for (int trial = 0; trial < 20000; ++trial) {
+      // The first 16 trials: nibble value trial in all eight positions.
+      const uint32_t w = trial < 16 ? 0x11111111u * static_cast<uint32_t>(trial) : next();
+      uint32_t o0 = 0, o1 = 0;
+      e2m1x8_to_e4m3x8(w, lo, hi, o0, o1);
+      ASSERT_EQ(o0, e2m1x4_to_e4m3x4(w & 0xFFFFu, lo, hi)) << "d=" << d << " w=0x" << std::hex << w;
+      ASSERT_EQ(o1, e2m1x4_to_e4m3x4(w >> 16, lo, hi)) << "d=" << d << " w=0x" << std::hex << w;
+    }
+  }
+}
+
+// The kernel reaches the chunks as row term ^ (chunk << 4) from a 1024-aligned base: the same offsets.
+TEST(Fp4Expand, LeanChunkOffsetsByRowTermAndXor) {
+  for (int base = 0; base < 4 * 16384; base += 8192)
+    for (int r = 0; r < 128; ++r) {
+      for (int c = 0; c < 4; ++c) ASSERT_EQ((base + lean_fp4_packed_row(r)) ^ (c << 4), base + lean_fp4_packed_chunk(r, c));
+      for (int c = 0; c < 8; ++c) ASSERT_EQ((base + lean_fp4_e4m3_row(r)) ^ (c << 4), base + lean_fp4_e4m3_chunk(r, c));
+    }
+}
+
+// One K block of a 128-row FP4 weight tile as the lean GEMM's producer warpgroup expands it (lean_fp4_expand_group,
+// thread r takes row r): packed codes placed as TMA's 64-byte swizzle leaves them, each (row, group) with its own fold
+// distance d, and the E4M3 tile read back through the 128-byte swizzle: every element is its code's value · 2^-d,
+// every byte of the output tile is written once, and no load reads outside the packed tile.
+TEST(Fp4Expand, LeanTileExpansionLandsInTheSwizzledLayout) {
+  uint32_t state = 2468u;
+  auto next = [&]() { return state = state * 1664525u + 1013904223u; };
+  uint32_t tables[9][2];
+  for (int d = 0; d <= 8; ++d) tables[d][0] = fp4_fold_table_word(d, 0), tables[d][1] = fp4_fold_table_word(d, 1);
+  for (int trial = 0; trial < 4; ++trial) {
+    alignas(1024) static uint8_t codes[128][128];  // [row][k] nibbles, the tile as it is in memory (unswizzled)
+    alignas(1024) static uint8_t packed[128 * 64];
+    alignas(1024) static uint8_t e4m3[128 * 128];
+    int dist[128][4];
+    for (int r = 0; r < 128; ++r) {
+      for (int k = 0; k < 128; ++k) codes[r][k] = static_cast<uint8_t>(next() >> 13) & 0xFu;
+      for (int j = 0; j < 4; ++j) dist[r][j] = static_cast<int>((next() >> 9) % 9u);
+    }
+    // TMA with the 64-byte swizzle: chunk c of row r (packed bytes 16c..16c+15, codes 32c..32c+31) at c ^ (r/2 % 4).
+    for (int r = 0; r < 128; ++r)
+      for (int c = 0; c < 4; ++c)
+        for (int b = 0; b < 16; ++b) {
+          const int k = 32 * c + 2 * b;
+          packed[r * 64 + 16 * (c ^ ((r >> 1) & 3)) + b] = static_cast<uint8_t>(codes[r][k] | (codes[r][k + 1] << 4));
+        }
+    std::memset(e4m3, 0xA5, sizeof e4m3);  // poison: a byte left unwritten shows
+    std::vector<int> written(sizeof e4m3, 0);
+    for (int r = 0; r < 128; ++r)
+      for (int j = 0; j < 4; ++j) {
+        ASSERT_LE(lean_fp4_packed_chunk(r, j) + 16, static_cast<int>(sizeof packed));
+        for (int h = 0; h < 2; ++h) {
+          const int off = lean_fp4_e4m3_chunk(r, 2 * j + h);
+          ASSERT_LE(off + 16, static_cast<int>(sizeof e4m3));
+          for (int b = 0; b < 16; ++b) ++written[off + b];
+        }
+        lean_fp4_expand_group(packed, e4m3, r, j, tables[dist[r][j]][0], tables[dist[r][j]][1]);
+      }
+    for (size_t i = 0; i < written.size(); ++i) ASSERT_EQ(written[i], 1) << "byte " << i;
+    // Read back as the wgmma sees a 128-byte-swizzled K-major tile: element (r, k) in chunk k / 16 at (k/16) ^ (r % 8).
+    for (int r = 0; r < 128; ++r)
+      for (int k = 0; k < 128; ++k) {
+        const uint8_t got = e4m3[r * 128 + 16 * ((k / 16) ^ (r % 8)) + k % 16];
+        const float want = std::ldexp(e2m1(codes[r][k]), -dist[r][k / 32]);
+        ASSERT_EQ(fmt::e4m3_to_float(got), want) << "trial " << trial << " row " << r << " k " << k;
+        if (want == 0.0f) ASSERT_EQ(got & 0x80u, codes[r][k] & 0x8u ? 0x80u : 0u);  // the sign of -0 kept
+      }
   }
 }
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/device_buffer.hpp"
+#include "cuda/runtime/sm90_fp8_gemm.hpp"
 #include "testing.hpp"
 
 namespace finegemm {
@@ -429,9 +430,10 @@ std::vector<std::vector<int64_t>> column_plan(int64_t m, int64_t k, int64_t full
 }
 
 // One weight format × activation recipe × M: every output bit of every call. Stops at the first call that fails.
+// only_outs: these output types at every M instead (the lean FP4 kernel stores 16-bit outputs only).
 void check_exact_calls(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& w,
                        const std::vector<double>& values, ScaleKind kind, const TensorView& weight,
-                       const TensorView& weight_scale, ActKind act, int64_t m) {
+                       const TensorView& weight_scale, ActKind act, int64_t m, const std::vector<DType>& only_outs = {}) {
   std::vector<bool> covered(static_cast<size_t>(w.k), false);
   // NOTE: on the CPU only M = 200 covers every column (each call is a few OpenMP regions, and the 2-core CI machine
   // runs several test programs at once).
@@ -442,6 +444,7 @@ void check_exact_calls(const Target& target, bool gpu, const std::string& name, 
     for (int64_t c : cols) covered[c] = true;
     std::vector<DType> outs = {DType::F32};
     if (pow2_scales(kind) && m == 200 && (gpu || first_call)) outs.push_back(DType::BF16);
+    if (!only_outs.empty()) outs = only_outs;
     first_call = false;
     for (DType out_dtype : outs) {
       Buffer out_shape(out_dtype, {m, w.n});
@@ -468,7 +471,8 @@ void check_exact_calls(const Target& target, bool gpu, const std::string& name, 
 void check_exact(const Target& target, bool gpu, const std::string& name, const Fp4Matrix& base,
                  const std::vector<int64_t>& ms = {1, 7, 64, 200},
                  const std::vector<ScaleKind>& kinds = {std::begin(kScaleKinds), std::end(kScaleKinds)},
-                 const std::vector<ActKind>& acts = {std::begin(kActKinds), std::end(kActKinds)}) {
+                 const std::vector<ActKind>& acts = {std::begin(kActKinds), std::end(kActKinds)},
+                 const std::vector<DType>& only_outs = {}) {
   expect_every_code_in_every_group(base);
   for (ScaleKind kind : kinds) {
     Fp4Matrix w = base;
@@ -479,7 +483,7 @@ void check_exact(const Target& target, bool gpu, const std::string& name, const 
     for (ActKind act : acts) {
       if (!act_allows_k(act, w.k)) continue;
       for (int64_t m : ms)
-        check_exact_calls(target, gpu, name, w, values, kind, d_weight.view, d_weight_scale.view, act, m);
+        check_exact_calls(target, gpu, name, w, values, kind, d_weight.view, d_weight_scale.view, act, m, only_outs);
     }
   }
 }
@@ -605,6 +609,62 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
   for (int64_t g = 12; g < 16; ++g) tiles.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile
   ASSERT_EQ(tiles.spread(150, 3), 8);
   check_exact(target(), gpu(), "tile of spread 9, expanded weights (row scales)", tiles);
+}
+
+// The lean kernel that expands FP4 weights in its producer warpgroup (FINEGEMM_FP4_LEAN=1, sm90_fp8_gemm_lean.cuh
+// kFp4B): byte UE8M0 scales, activations static, in groups of 128 (quantized by linear(), M-major above M = 64) and
+// pre-quantized, BF16 output, the decode kernel off so that every M takes the GEMM. Weights whose 128x128 tiles all
+// fold run in it; a tile of spread 9, or a row block of spread 12, sends the call to the gated FP4 kernel (the lean
+// launch exits at its gate). N = 208 leaves a partial column block (rows past N: scales clamped, codes zero-filled),
+// K = 640 a lap of 4 stages with three pad stages, and M = 9000 more tiles (142) than an H200's 132 CTAs, so that
+// the packed ring runs across tiles. FINEGEMM_TEST_QUICK=1 (the sanitizer runs): static activations at M = 300 and 9000
+// (two tiles per CTA on some), the gated fallback, no check of the recipes not served.
+TEST_P(Fp4Linear, ExactLeanKernelExpansion) {
+  if (!gpu()) GTEST_SKIP() << "the lean kernel is a CUDA kernel";
+  const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
+  const int spreads[] = {0, 1, 7, 8, 3};
+  Fp4Matrix tiles = crafted_matrix(208, 640, [&](int64_t, int64_t b) { return spreads[b]; }, true);
+  ASSERT_EQ(keys(spread_histogram(tiles)), (std::set<int>{0, 1, 3, 7, 8}));
+  const ScopedEnv lean("FINEGEMM_FP4_LEAN", "1"), no_decode("FINEGEMM_FP4_DECODE", "0");
+  const std::vector<ActKind> acts = quick ? std::vector<ActKind>{ActKind::Static}
+                                          : std::vector<ActKind>{ActKind::Static, ActKind::Group128Pow2,
+                                                                 ActKind::PreQuantized128};
+  const std::vector<int64_t> ms = quick ? std::vector<int64_t>{300, 9000} : std::vector<int64_t>{1, 7, 64, 200, 300, 9000};
+  long long before = cuda::lean_fp4_launches();
+  check_exact(target(), gpu(), "tiles fold, lean FP4 kernel", tiles, ms, {ScaleKind::UE8M0}, acts, {DType::BF16});
+  EXPECT_GT(cuda::lean_fp4_launches(), before) << "FINEGEMM_FP4_LEAN=1 never took the lean FP4 kernel";
+  // One call, one launch: M = 300, static activations.
+  {
+    const OneHot h = make_one_hot(ActKind::Static, tiles.k, std::vector<int64_t>(300, 5), false);
+    const Buffer weight = tiles.packed(), weight_scale = tiles.stored_scales(ScaleKind::UE8M0);
+    const DeviceTensor d_weight = on_target(weight, target()), d_scale = on_target(weight_scale, target());
+    Buffer out_shape(DType::BF16, {300, tiles.n});
+    before = cuda::lean_fp4_launches();
+    const Buffer out = run_linear(linear_args(h.x, h.x_scale, act_recipe(ActKind::Static), d_weight.view, d_scale.view,
+                                              recipe_of(ScaleKind::UE8M0), out_shape),
+                                  target());
+    EXPECT_EQ(cuda::lean_fp4_launches(), before + 1);
+    EXPECT_TRUE(exact_mismatches(out, h, tiles, tiles.values()).empty());
+  }
+  // The gated fallback: a tile of spread 9 (row 150, block 3 one binade below its tile), then a row block of 12.
+  for (int64_t g = 12; g < 16; ++g) tiles.exp(150, g) -= 1;
+  ASSERT_EQ(tiles.spread(150, 3), 8);
+  check_exact(target(), gpu(), "a tile of spread 9, lean FP4 kernel gated off", tiles, {200, 300}, {ScaleKind::UE8M0},
+              acts, {DType::BF16});
+  set_spread(tiles, 20, 1, -5, 12);
+  ASSERT_EQ(tiles.spread(20, 1), 12);
+  check_exact(target(), gpu(), "a row block of spread 12, lean FP4 kernel gated off", tiles, {200}, {ScaleKind::UE8M0},
+              acts, {DType::BF16});
+  if (quick) return;
+  // Recipes it does not serve run as before: packed and FP32 scales, activation groups of 32, FP32 output.
+  before = cuda::lean_fp4_launches();
+  const Fp4Matrix plain = crafted_matrix(208, 640, [&](int64_t, int64_t b) { return spreads[b]; }, true);
+  check_exact(target(), gpu(), "lean FP4 kernel not taken", plain, {200},
+              {ScaleKind::UE8M0Packed, ScaleKind::F32Pow2}, acts, {DType::BF16});
+  check_exact(target(), gpu(), "lean FP4 kernel not taken", plain, {200}, {ScaleKind::UE8M0},
+              {ActKind::Group32Pow2}, {DType::BF16});
+  check_exact(target(), gpu(), "lean FP4 kernel not taken", plain, {200}, {ScaleKind::UE8M0}, acts, {DType::F32});
+  EXPECT_EQ(cuda::lean_fp4_launches(), before);
 }
 
 // The decode kernel's two paths at M = 7, few enough calls to finish under compute-sanitizer (gpu-check sanitize runs
@@ -1086,6 +1146,25 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       const auto cmp = testing::compare(out, fold_ref);
       EXPECT_EQ(cmp.non_finite, 0);
       EXPECT_LE(cmp.rel, kMoeTolerance);
+      // The grouped lean kernel expanding the packed experts in its producer warpgroup (FINEGEMM_FP4_LEAN, off by
+      // default), at each tile height. Where every tile folds it runs the expanded path's E4M3 GEMM with the same
+      // tile scales, so the layer gives the same bits (the lean kernels give the general kernel's bits); where a
+      // tile does not (row tops differ), its launches exit at their gate and the FP4 kernel runs. Served: byte UE8M0
+      // scales with activation groups of 128 (the first variant); the others run as before.
+      const bool served = v.kind == ScaleKind::UE8M0 && v.act.granularity == ActGranularity::PerTokenGroup &&
+                          v.act.group_size == 128;
+      for (const char* height : {"128", "192", "256"}) {
+        SCOPED_TRACE(std::string("FINEGEMM_FP4_LEAN=") + height);
+        const ScopedEnv lean("FINEGEMM_FP4_LEAN", height);
+        const long long before = cuda::lean_fp4_launches();
+        const Buffer lean_out = run_moe(f, target());
+        EXPECT_EQ(cuda::lean_fp4_launches(), before + (served ? 2 : 0)) << "the gate_up and down GEMMs";
+        const auto lean_cmp = testing::compare(lean_out, fold_ref);
+        EXPECT_EQ(lean_cmp.non_finite, 0);
+        EXPECT_LE(lean_cmp.rel, kMoeTolerance);
+        if (served && shared_top)
+          EXPECT_EQ(lean_out.bytes, out.bytes) << "not the expanded path's bits";
+      }
     }
   }
 }

@@ -69,4 +69,47 @@ FG_HD uint32_t ue8m0_float_bits(uint32_t e) {
   return (shifted > 0x00400000u ? shifted : 0x00400000u) | (e == 255u ? 0x00400000u : 0u);
 }
 
+// Eight codes (a packed word: bytes 0-3, low nibble first) → eight E4M3 bytes through one table row {tab_lo, tab_hi}:
+// o0 codes 0-3, o1 codes 4-7 (the order of the codes in K). The same operations as e2m1x4_to_e4m3x4 on each half,
+// sharing the sign-bit mask and w << 4: prmt reads only its selector's low 16 bits, and the sign permute of the high
+// half takes bytes 2 and 3 of the same two words. Nine instructions for eight codes, against eleven for two calls of
+// e2m1x4_to_e4m3x4 (the shift of w for the second).
+FG_HD void e2m1x8_to_e4m3x8(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& o0, uint32_t& o1) {
+  const uint32_t sel = w & 0x77777777u;
+  const uint32_t w4 = w << 4;
+  o0 = byte_perm(tab_lo, tab_hi, sel) | (byte_perm(w4, w, 0x5140u) & 0x80808080u);
+  o1 = byte_perm(tab_lo, tab_hi, sel >> 16) | (byte_perm(w4, w, 0x7362u) & 0x80808080u);
+}
+
+// ---- The lean GEMM's in-kernel FP4 expansion (sm90_fp8_gemm_lean.cuh, kFp4B).
+// A K block (128 of K) of a 128-row weight tile arrives packed, 64 bytes a row, by TMA with the 64-byte swizzle: the
+// 16-byte chunk c (MX group c, 32 codes) of row r at c ^ ((r >> 1) & 3). It goes out as E4M3, 128 bytes a row, in the
+// 128-byte swizzle of a TMA-loaded E4M3 tile, which the wgmma descriptors read: chunk c (codes 16c..16c+15) of row r
+// at c ^ (r & 7). Byte offsets within the stage's tile:
+FG_HD int lean_fp4_packed_chunk(int r, int c) { return r * 64 + ((c ^ ((r >> 1) & 3)) << 4); }
+FG_HD int lean_fp4_e4m3_chunk(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+// The same offsets as a row's term and the chunk's: chunk c of row r at row_term ^ (c << 4) (the row's bits 4-6 hold
+// its swizzle pattern and the rest no bit that c << 4 touches), so that a kernel adds the row's term to a 1024-aligned
+// stage base once and reaches each chunk with one XOR.
+FG_HD int lean_fp4_packed_row(int r) { return r * 64 + (((r >> 1) & 3) << 4); }
+FG_HD int lean_fp4_e4m3_row(int r) { return r * 128 + ((r & 7) << 4); }
+
+struct alignas(16) Chunk16 {
+  uint32_t w[4];
+};
+
+// MX group j of row r (packed chunk j) through the table row {tab_lo, tab_hi} into E4M3 chunks 2j and 2j + 1: one
+// 16-byte load and two 16-byte stores. Without bank conflicts when a warp's lanes take consecutive rows: eight rows
+// in a row put their chunks in eight different 16-byte bank groups under either swizzle.
+FG_HD void lean_fp4_expand_group(const uint8_t* packed, uint8_t* e4m3, int r, int j, uint32_t tab_lo, uint32_t tab_hi) {
+  const Chunk16 in = *reinterpret_cast<const Chunk16*>(packed + lean_fp4_packed_chunk(r, j));
+  Chunk16 lo, hi;
+  e2m1x8_to_e4m3x8(in.w[0], tab_lo, tab_hi, lo.w[0], lo.w[1]);
+  e2m1x8_to_e4m3x8(in.w[1], tab_lo, tab_hi, lo.w[2], lo.w[3]);
+  e2m1x8_to_e4m3x8(in.w[2], tab_lo, tab_hi, hi.w[0], hi.w[1]);
+  e2m1x8_to_e4m3x8(in.w[3], tab_lo, tab_hi, hi.w[2], hi.w[3]);
+  *reinterpret_cast<Chunk16*>(e4m3 + lean_fp4_e4m3_chunk(r, 2 * j)) = lo;
+  *reinterpret_cast<Chunk16*>(e4m3 + lean_fp4_e4m3_chunk(r, 2 * j + 1)) = hi;
+}
+
 }  // namespace finegemm::cuda

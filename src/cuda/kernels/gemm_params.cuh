@@ -198,6 +198,16 @@ struct GemmParams {
   float* workspace = nullptr;
 };
 
+// The FP4 weights' view the lean kernels with FP4 weights (sm90_fp8_gemm_lean.cuh, kFp4B) read beside GemmParams (whose B scales are the scan's tile scales):
+// the original UE8M0 bytes (expert g's row r, group q at scale + g · group_stride + r · stride_n + q; rows and experts
+// 4-byte aligned), and the scan's largest exponent per 128x128 tile ([experts · tiles_per_group, blocks]).
+struct LeanFp4B {
+  const uint8_t* scale = nullptr;
+  int64_t scale_stride_n = 0, scale_group_stride = 0;
+  const int* tile_emax = nullptr;
+  int tiles_per_group = 0, blocks = 0;
+};
+
 // The decode kernel (sm90_fp4_decode.cuh) over groups (MoE experts at decode sizes): one CTA per (slot, 64-row weight
 // tile, K split); slot s < *list_count takes expert list[s] (moe_active_experts_kernel lists the experts with rows),
 // the CTAs of the other slots exit. The expert's rows are [offsets[e], offsets[e+1]) of A and of the output; its

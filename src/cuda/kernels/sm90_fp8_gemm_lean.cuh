@@ -13,7 +13,18 @@
 // them), so stage addresses, barrier addresses and descriptor words fold into constants. The arithmetic is the
 // general kernel's in the same order (four k32 wgmma steps per K block from zero, total = fma(acc, a_scale · b_scale,
 // total), the TMA-store epilogue's rounding), so its results are the same bits (test LeanKernelSameBits).
+//
+// kFp4B (FINEGEMM_FP4_LEAN, stop 38, off until measured; written without a GPU): FP4 weights (packed E2M1, MX 1x32 UE8M0
+// byte scales) expanded inside the kernel. The producer warpgroup's four warps expand, the TMA thread being lane 0 of
+// the first: per K block, the packed 128 x 64-byte tile comes by TMA into a ring of its own (kRawStages, 64-byte
+// swizzle) ahead of the stages, and each producer thread turns one row of it into E4M3 in the stage's B tile, in the
+// layout a TMA load of E4M3 would have left (128-byte swizzle), each MX group's codes through the fold table row
+// 2^-(emax - e) (exact for emax - e <= 8), with emax the 128x128 tile's largest exponent from fp4_fold_scan_kernel
+// (fp4_expand_weights.cuh). The consumers are unchanged: their B scale per K block is 2^emax (the scan's tile scales).
+// The kernel runs only where the scan flagged no tile that spreads wider (GemmParams::gate); the FP4 kernel runs the
+// other case. So each packed weight is read once per tile and never written back expanded.
 #pragma once
+#include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
 #include "cuda/scheduler/gemm_scheduler.cuh"
 
@@ -60,7 +71,23 @@ struct LeanGemm {
   // the barriers.
   using Sched = GroupedScheduler<BLOCK_M, kMaxGroupedLeanExperts>;
   static int grouped_smem_bytes(int num_kb) { return smem_bytes(num_kb) - kStaging + Sched::kSmemBytes; }
+  // kFp4B: the packed ring (kRawStages K blocks of 128 rows x 64 bytes) after the staging tiles, then its barriers
+  // (full, empty) and the nine fold-table rows, before the A scales.
+  static constexpr int kRawStages = 4;
+  static constexpr int kStageRaw = kLeanBlockN * kGemmBlockK / 2;
+  static constexpr int kFp4Extra = kRawStages * kStageRaw + 256;
+  static_assert(2 * kRawStages * 8 + 9 * 8 <= 256, "the packed ring's barriers and the fold table fit");
 };
+
+
+// 16-byte shared loads and stores at 32-bit shared addresses (the kFp4B producers' expansion; lean_fp4_expand_group
+// is its host-tested form over pointers).
+__device__ __forceinline__ void lean_lds128(uint32_t addr, uint32_t (&v)[4]) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void lean_sts128(uint32_t addr, const uint32_t (&v)[4]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+}
 
 // The body of both lean kernels. Dense (kGrouped false): tiles t = blockIdx.x, + gridDim.x, ...: row block
 // t % num_m_blocks, column block t / num_m_blocks; A scales M-major by the bulk copy; the epilogue through shared memory
@@ -68,20 +95,29 @@ struct LeanGemm {
 // its expert's end are computed and dropped), the expert's B rows and scales, A scales row-major read by each consumer
 // thread for its two rows, and the epilogue stored from registers with the expert's bias, the row mask and the routing
 // weights.
-template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped>
+template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
-                                               typename LeanGemm<BLOCK_M, kStages>::Sched sched) {
+                                               typename LeanGemm<BLOCK_M, kStages>::Sched sched,
+                                               const LeanFp4B& fp4) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using L = LeanGemm<BLOCK_M, kStages>;
   constexpr int S = L::kStages;
+  if constexpr (kFp4B) {
+    // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
+    if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
+  }
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem_a + S * L::kStageA;
   uint8_t* smem_out = smem_b + S * L::kStageB;
-  float* smem_sfa = reinterpret_cast<float*>(smem_out + (kGrouped ? 0 : L::kStaging));
+  uint8_t* smem_packed = smem_out + (kGrouped ? 0 : L::kStaging);  // kFp4B
+  float* smem_sfa = reinterpret_cast<float*>(smem_packed + (kFp4B ? L::kFp4Extra : 0));
+  uint64_t* packed_full = reinterpret_cast<uint64_t*>(smem_packed + L::kRawStages * L::kStageRaw);
+  uint64_t* packed_empty = packed_full + L::kRawStages;
+  uint2* fold_tab = reinterpret_cast<uint2*>(packed_empty + L::kRawStages);
   float* smem_sfb = smem_sfa + S * BLOCK_M;
   const int num_kb = p.k / kGemmBlockK;
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_sfb) + (num_kb * 4 + 15) / 16 * 16);
@@ -109,10 +145,20 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(&full[s], 1);
+      // kFp4B: every producer thread, after its row of the expanded B tile (the TMA thread adds A's bytes first).
+      ptx::mbar_init(&full[s], kFp4B ? 128 : 1);
       ptx::mbar_init(&empty[s], L::kConsumerThreads);  // every consumer thread, after its last read of the stage
     }
+    if constexpr (kFp4B) {
+      for (int r = 0; r < L::kRawStages; ++r) {
+        ptx::mbar_init(&packed_full[r], 1);      // the TMA thread's expect_tx and the packed tile's bytes
+        ptx::mbar_init(&packed_empty[r], 128);   // every producer thread, after its reads of the packed tile
+      }
+    }
     ptx::fence_barrier_init();
+  }
+  if constexpr (kFp4B) {
+    if (threadIdx.x < 9) fold_tab[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
   }
   // A scales of rows past M (the last row block's copy is shorter) read zeros, or an earlier tile's finite values.
   for (int i = threadIdx.x; i < S * BLOCK_M; i += blockDim.x) smem_sfa[i] = 0.0f;
@@ -122,7 +168,108 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   if (threadIdx.x >= L::kConsumerThreads) {
     // ---------------- TMA thread (the last warpgroup, thread 0).
     ptx::setmaxnreg_dec<L::kProducerRegs>();
-    if (threadIdx.x == L::kConsumerThreads) {
+    if constexpr (kFp4B) {
+      // ---------------- kFp4B: the whole warpgroup expands (thread e: row e of the B tile); thread 0 also issues the
+      // TMA loads: A per stage, and the packed tiles in their own ring, kRawStages - 1 K blocks ahead of the expansion
+      // (across tiles: item i is the CTA's (i / num_kb)-th tile's K block i % num_kb).
+      constexpr int R = L::kRawStages;
+      constexpr bool kBulkA = kAScale && !kGrouped;
+      const int e = static_cast<int>(threadIdx.x) - L::kConsumerThreads;
+      const bool issuer = e == 0;
+      if (issuer) {
+        ptx::prefetch_tensor_map(&tma_a);
+        ptx::prefetch_tensor_map(&tma_b);
+      }
+      // Counts as unsigned: the ring slot and phase by mask and shift.
+      uint32_t issued = 0;
+      int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
+      const uint32_t packed_row = ptx::smem_addr(smem_packed) + static_cast<uint32_t>(lean_fp4_packed_row(e));
+      const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(e));
+      // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile.
+      auto issue_packed = [&]() {
+        if (load_t >= num_tiles) return;
+        const uint32_t slot = issued % R;
+        if (issued >= R) ptx::mbar_wait(&packed_empty[slot], (issued / R - 1) & 1u);
+        const Tile lt = tile_of(load_t);
+        ptx::mbar_arrive_expect_tx(&packed_full[slot], L::kStageRaw);
+        ptx::tma_load_2d(smem_packed + slot * L::kStageRaw, &tma_b, &packed_full[slot], load_kb * (kGemmBlockK / 2),
+                         lt.group * p.n + lt.n0);
+        ++issued;
+        if (++load_kb == num_kb) {
+          load_kb = 0;
+          load_t += static_cast<int>(gridDim.x);
+        }
+      };
+      if (issuer)
+        for (int i = 0; i < R - 1; ++i) issue_packed();
+      uint32_t lap_count = 0, item = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const Tile tile = tile_of(t);
+        const int m0 = tile.m0;
+        const uint32_t sfa_bytes = kBulkA ? static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16) : 0u;
+        // This row's scales, a word of four UE8M0 bytes per K block (rows past the expert's N read its last row: their
+        // columns are computed and dropped), and the tile's largest exponent per K block; the next K block's loaded
+        // while this one expands. As 32-bit word offsets from the parameters' pointers (lean_fp4_ok bounds them): two
+        // 64-bit pointers spilled the 40 registers of the 128-row producer.
+        const uint32_t s_off = static_cast<uint32_t>(
+            (tile.group * fp4.scale_group_stride + static_cast<int64_t>(min(tile.n0 + e, p.n - 1)) * fp4.scale_stride_n) / 4);
+        const uint32_t e_off =
+            static_cast<uint32_t>((tile.group * fp4.tiles_per_group + tile.n0 / kLeanBlockN) * fp4.blocks);
+        const uint32_t* scale_words = reinterpret_cast<const uint32_t*>(fp4.scale);
+        uint32_t w_next = __ldg(scale_words + s_off);
+        int emax_next = __ldg(fp4.tile_emax + e_off);
+        for (int lap = 0; lap < laps; ++lap, ++lap_count) {
+          const uint32_t free_parity = (lap_count & 1u) ^ 1u;
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            const int kb = lap * S + s;
+            ptx::mbar_wait(&empty[s], free_parity);
+            if (kb < num_kb) {
+              if (issuer) {
+                ptx::mbar_expect_tx(&full[s], L::kStageA + sfa_bytes);
+                ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
+                if constexpr (kBulkA)
+                  ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
+                issue_packed();
+              }
+              const uint32_t w = w_next;
+              const int emax = emax_next;
+              if (kb + 1 < num_kb) {
+                w_next = __ldg(scale_words + (s_off + kb + 1));
+                emax_next = __ldg(fp4.tile_emax + (e_off + kb + 1));
+              }
+              const uint32_t slot = item % R;
+              ptx::mbar_wait(&packed_full[slot], (item / R) & 1u);
+              // Shared addresses of this row's chunks: the row's term plus the slot's and stage's bases, each chunk one
+              // XOR on (lean_fp4_packed_row, lean_fp4_e4m3_row). Opaque to ptxas: with the chunk offsets in sight it
+              // kept all twelve per row in registers across the loop and spilled the 40-register producer.
+              uint32_t packed_at = packed_row + slot * L::kStageRaw;
+              uint32_t e4m3_at = e4m3_row + static_cast<uint32_t>(s * L::kStageB);
+              asm volatile("" : "+r"(packed_at), "+r"(e4m3_at));
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const int d = min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8);
+                const uint2 tab = fold_tab[d];
+                uint32_t in[4], lo[4], hi[4];
+                lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in);
+                e2m1x8_to_e4m3x8(in[0], tab.x, tab.y, lo[0], lo[1]);
+                e2m1x8_to_e4m3x8(in[1], tab.x, tab.y, lo[2], lo[3]);
+                e2m1x8_to_e4m3x8(in[2], tab.x, tab.y, hi[0], hi[1]);
+                e2m1x8_to_e4m3x8(in[3], tab.x, tab.y, hi[2], hi[3]);
+                lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j) << 4), lo);
+                lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
+              }
+              ptx::fence_proxy_async_shared();  // the expanded row, written by the generic proxy, for the wgmma
+              ptx::mbar_arrive(&full[s]);
+              ptx::mbar_arrive(&packed_empty[slot]);
+              ++item;
+            } else {
+              ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
+            }
+          }
+        }
+      }
+    } else if (threadIdx.x == L::kConsumerThreads) {
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t lap_count = 0;
@@ -387,7 +534,7 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {});
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {}, LeanFp4B{});
 }
 
 // The grouped lean kernel (the MoE Store GEMM; FINEGEMM_GROUPED_LEAN, off until measured): the scheduler's tiles over
@@ -396,7 +543,26 @@ template <int BLOCK_M, int kStages, bool kAScale>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, true>(tma_a, tma_b, tma_b, p, 0, 0, sched);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true>(tma_a, tma_b, tma_b, p, 0, 0, sched, LeanFp4B{});
+}
+
+// kFp4B (FINEGEMM_FP4_LEAN, off until measured): tma_b maps the packed weights ([rows, K / 2] bytes, 128 x 64-byte
+// boxes, 64-byte swizzle); p is the E4M3 view of the call (Fp4Expansion's tile scales as B scales, gated on the scan's
+// flags), fp4 the original scales and the scan's exponents.
+template <int BLOCK_M, int kStages, bool kAScale>
+__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
+    sm90_fp4_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                              const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
+                              int num_tiles, const LeanFp4B fp4) {
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, true>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {}, fp4);
+}
+
+template <int BLOCK_M, int kStages, bool kAScale>
+__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
+    sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                                 const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
+                                 const LeanFp4B fp4) {
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

@@ -33,20 +33,26 @@ bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_gr
 }
 
 Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
-                           const int32_t* counts, cudaStream_t stream)
+                           const int32_t* counts, cudaStream_t stream, Mode mode)
     : stream_(stream), fold_(p.b_scale_fmt == ScaleFmt::UE8M0) {
+  const bool scan_only = mode == Mode::ScanOnly;
+  if (scan_only && !fold_)
+    throw Error(ErrorKind::Runtime, "Fp4Expansion: the scan alone needs byte UE8M0 weight scales");
   blocks_ = (p.k + kGemmBlockK - 1) / kGemmBlockK;
   tiles_ = (p.n + 127) / 128;
   const int64_t rows = static_cast<int64_t>(groups) * p.n;
-  const size_t weight_bytes = round_up(static_cast<size_t>(rows) * p.k);
-  const size_t row_scale_bytes = fold_ ? round_up(sizeof(float) * static_cast<size_t>(rows) * blocks_) : 0;
+  const size_t weight_bytes = scan_only ? 0 : round_up(static_cast<size_t>(rows) * p.k);
+  const size_t row_scale_bytes = fold_ && !scan_only ? round_up(sizeof(float) * static_cast<size_t>(rows) * blocks_) : 0;
   const size_t tile_bytes = fold_ ? round_up(sizeof(float) * static_cast<size_t>(groups) * tiles_ * blocks_) : 0;
-  weights_ = static_cast<uint8_t*>(scratch_try_alloc(weight_bytes + row_scale_bytes + 2 * tile_bytes + 16, stream));
-  if (weights_ == nullptr) return;
-  row_scale_ = reinterpret_cast<float*>(weights_ + weight_bytes);
-  tile_scale_ = reinterpret_cast<float*>(weights_ + weight_bytes + row_scale_bytes);
-  auto* tile_emax = reinterpret_cast<int*>(weights_ + weight_bytes + row_scale_bytes + tile_bytes);
-  flags_ = reinterpret_cast<int*>(weights_ + weight_bytes + row_scale_bytes + 2 * tile_bytes);
+  auto* base = static_cast<uint8_t*>(scratch_try_alloc(weight_bytes + row_scale_bytes + 2 * tile_bytes + 16, stream));
+  if (base == nullptr) return;
+  base_ = base;
+  weights_ = scan_only ? nullptr : base;
+  row_scale_ = reinterpret_cast<float*>(base + weight_bytes);
+  tile_scale_ = reinterpret_cast<float*>(base + weight_bytes + row_scale_bytes);
+  auto* tile_emax = reinterpret_cast<int*>(base + weight_bytes + row_scale_bytes + tile_bytes);
+  tile_emax_ = tile_emax;
+  flags_ = reinterpret_cast<int*>(base + weight_bytes + row_scale_bytes + 2 * tile_bytes);
 
   const Fp4ScaleView view{static_cast<const uint8_t*>(p.b_scale), p.b_scale_stride_n, p.b_scale_group_stride, p.n,
                           offsets, counts};
@@ -56,6 +62,10 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   if (fold_) {
     FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
     fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
+    if (scan_only) {
+      FG_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
     fp4_expand_weights_kernel<true>
         <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, tile_emax, row_scale_, flags_);
   } else {
@@ -66,7 +76,7 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
 }
 
 Fp4Expansion::~Fp4Expansion() {
-  if (weights_ != nullptr) (void)cudaFreeAsync(weights_, stream_);
+  if (base_ != nullptr) (void)cudaFreeAsync(base_, stream_);
 }
 
 GemmParams Fp4Expansion::e4m3_params(const GemmParams& p, Path path) const {
@@ -92,6 +102,23 @@ GemmParams Fp4Expansion::e4m3_params(const GemmParams& p, Path path) const {
     q.gate_value = kFp4TileUnfoldable;
   }
   return q;
+}
+
+LeanFp4B Fp4Expansion::lean_view(const GemmParams& p) const {
+  LeanFp4B v;
+  v.scale = static_cast<const uint8_t*>(p.b_scale);
+  v.scale_stride_n = p.b_scale_stride_n;
+  v.scale_group_stride = p.b_scale_group_stride;
+  v.tile_emax = tile_emax_;
+  v.tiles_per_group = tiles_;
+  v.blocks = blocks_;
+  return v;
+}
+
+void Fp4Expansion::gate_unfoldable(GemmParams& p) const {
+  p.gate = flags_;
+  p.gate_mask = kFp4TileUnfoldable;  // a row block that does not fold is in a tile that does not
+  p.gate_value = kFp4TileUnfoldable;
 }
 
 void Fp4Expansion::gate_fp4(GemmParams& p) const {

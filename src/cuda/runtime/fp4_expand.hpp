@@ -16,18 +16,28 @@ class Fp4Expansion {
   // (a grouped layout's, on the device; null for a dense layer): experts without rows are not expanded. Everything
   // is enqueued on `stream`; the scratch is freed on it when this object goes. Without memory for the scratch
   // (groups · N · K bytes) nothing is enqueued and ready() is false: the caller runs the FP4 kernel as it is.
+  // ScanOnly (byte UE8M0 scales; the lean kernels that expand in-kernel, FINEGEMM_FP4_LEAN): the fold scan alone,
+  // no E4M3 scratch: tile_params, lean_view and gate_unfoldable serve the launches.
+  enum class Mode { Expand, ScanOnly };
   Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
-               const int32_t* counts, cudaStream_t stream);
+               const int32_t* counts, cudaStream_t stream, Mode mode = Mode::Expand);
   ~Fp4Expansion();
   Fp4Expansion(const Fp4Expansion&) = delete;
   Fp4Expansion& operator=(const Fp4Expansion&) = delete;
-  bool ready() const { return weights_ != nullptr; }
+  bool ready() const { return base_ != nullptr; }
 
   // Enqueues the E4M3 GEMM on the expanded weights ([groups · p.n, K], rows K bytes apart) through
   // gemm(weights, params). FP32 and packed scales do not fold: one launch with p's own scales (promotion every 32),
   // and false (the call is done). Byte UE8M0 scales fold: the launch with one scale per 128x128 tile and the one with
   // one scale per row and 128 of K, each gated on the scan's flags; p is gated to run only where some row block would
   // not fold, and true says the caller still launches the FP4 kernel with it.
+  // ScanOnly: p's E4M3 view with one scale per 128x128 tile (2^emax), gated to run where every tile folds.
+  GemmParams tile_params(const GemmParams& p) const { return e4m3_params(p, Path::Tile); }
+  // ScanOnly: the original scales and the scan's largest exponents, for the lean kernels' producers.
+  LeanFp4B lean_view(const GemmParams& p) const;
+  // ScanOnly: p gated to run where some tile does not fold (the FP4 kernel, promoting every 32 where needed).
+  void gate_unfoldable(GemmParams& p) const;
+
   template <typename Gemm>
   bool launch_e4m3(GemmParams& p, Gemm&& gemm) const {
     gemm(static_cast<const void*>(weights_), e4m3_params(p, Path::Tile));
@@ -45,7 +55,9 @@ class Fp4Expansion {
   cudaStream_t stream_;
   bool fold_ = false;
   int blocks_ = 0, tiles_ = 0;
-  uint8_t* weights_ = nullptr;
+  void* base_ = nullptr;        // the one scratch allocation
+  uint8_t* weights_ = nullptr;  // Expand mode
+  int* tile_emax_ = nullptr;
   float* row_scale_ = nullptr;
   float* tile_scale_ = nullptr;
   int* flags_ = nullptr;

@@ -191,6 +191,17 @@ inline int num_sms_of_device(int device) {
   return sms;
 }
 
+// The shared-memory attribute of a lean kernel: the opt-in maximum, once per device (launches pass what their K needs).
+template <typename Kernel>
+inline void allow_max_smem_once(Kernel kernel, std::atomic<bool> (&attribute_set)[kMaxDevices], int device) {
+  if (device >= kMaxDevices || !attribute_set[device].load(std::memory_order_acquire)) {
+    int max_smem = 0;
+    FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    if (device < kMaxDevices) attribute_set[device].store(true, std::memory_order_release);
+  }
+}
+
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 #if FINEGEMM_GEMM_TRACE

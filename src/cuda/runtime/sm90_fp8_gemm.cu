@@ -387,7 +387,20 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // with tile scales, with row scales, the FP4 kernel promoting every 32) that flag runs one. FP32 and packed scales
   // expand unfolded and promote every 32.
   std::optional<Fp4Expansion> expanded;
-  if (!fp4_decode && fp4_expand_wanted(p)) {
+  // FINEGEMM_FP4_LEAN (off until measured on the GPU): byte UE8M0 scales through the lean kernel that expands each
+  // packed K block in its producer warpgroup (no E4M3 scratch): the fold scan, the lean kernel gated to run where every
+  // 128x128 tile folds, and the FP4 kernel below gated to run where one does not.
+  std::optional<Fp4Expansion> scanned;
+  if (!fp4_decode && p.b_fp4 && fp4_lean_block_m(false, 0) != 0 && lean_fp4_ok(p, 128, false, 1, device)) {
+    scanned.emplace(b, ldb, p, 1, nullptr, nullptr, stream, Fp4Expansion::Mode::ScanOnly);
+    if (scanned->ready()) {
+      launch_sm90_fp4_gemm_lean(a, lda, b, ldb, scanned->tile_params(p), scanned->lean_view(p), device, stream);
+      scanned->gate_unfoldable(p);
+    } else {
+      scanned.reset();
+    }
+  }
+  if (!scanned && !fp4_decode && fp4_expand_wanted(p)) {
     expanded.emplace(b, ldb, p, 1, nullptr, nullptr, stream);
     if (!expanded->ready()) expanded.reset();  // no memory for the scratch: the FP4 kernel as it is
   }

@@ -141,6 +141,28 @@ void launch_sm90_fp8_grouped_lean(const void* a, int64_t lda, const void* b, int
                                   const GemmParams& p, int block_m, int device, cudaStream_t stream);
 long long grouped_lean_launches();
 
+// Stages of a lean kernel at block_m rows for num_kb K blocks (sm90_fp8_gemm_lean.cu).
+int lean_stages(int block_m, int num_kb);
+
+// The lean kernels with FP4 weights expanded by their producer warpgroup (sm90_fp8_gemm_lean.cuh, kFp4B;
+// FINEGEMM_FP4_LEAN, off until measured on the GPU; sm90_fp8_gemm_lean_fp4.cu). `p` is the FP4 call: packed E2M1 B
+// with MX 1x32 UE8M0 byte scales whose rows (and experts) are 4-byte aligned, the activations as the E4M3 lean kernel
+// takes them (1x128 scales, or none: static or per-token), K % 128 == 0. `view` is the call's E4M3 view from the fold
+// scan (Fp4Expansion::tile_params: the tiles' 2^emax as 128x128 block scales, gated on the scan's flags), `fp4` the
+// original scales and the scan's exponents (Fp4Expansion::lean_view). Dense: 128-row tiles, 16-bit output through
+// TMA stores (the dense lean kernel's epilogue). Grouped: the Store GEMM, 128-, 192- or 256-row tiles.
+bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups, int device);
+void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& view,
+                               const LeanFp4B& fp4, int device, cudaStream_t stream);
+void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
+                                  const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
+                                  cudaStream_t stream);
+// The tile height FINEGEMM_FP4_LEAN asks for: 0 (unset or 0: off); dense calls take 128 for any other value; grouped
+// calls take 128, 192 or 256 as given, and for 1 192 where the experts average 96 rows or more, else 128.
+int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group);
+// How many FP4 lean launches this process has made (dense and grouped; tests check that the switch took them).
+long long lean_fp4_launches();
+
 // a [p.m, K] E4M3 (all groups' rows), b [groups · p.n, K] E4M3. kEpilogue Store writes p.out [p.m, p.n];
 // ActRequant writes p.out_q / p.out_q_scale (b_layout and act fields of p say how).
 void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,

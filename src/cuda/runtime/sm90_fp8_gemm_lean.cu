@@ -13,15 +13,6 @@ namespace {
 
 std::atomic<long long> lean_launch_count{0};
 
-// Stages for num_kb K blocks: 128-row tiles take 4 or 5, whichever pads fewer stages in a tile's last lap (a pad stage
-// keeps the next tile's loads waiting), 5 on a tie; 192-row tiles take 4 (five do not fit beside the staging tiles);
-// 256-row tiles take 3 (a 2-stage build spilled 128 bytes).
-int lean_stages(int block_m, int num_kb) {
-  if (block_m == 192) return 4;
-  if (block_m != 128) return 3;
-  auto pads = [&](int s) { return (s - num_kb % s) % s; };
-  return pads(4) < pads(5) ? 4 : 5;
-}
 
 template <int BLOCK_M, int kStages>
 int lean_smem(int num_kb) {
@@ -34,16 +25,6 @@ int lean_smem_bytes(int block_m, int stages, int num_kb) {
   return lean_smem<256, 3>(num_kb);
 }
 
-// The shared-memory attribute of a lean kernel: the opt-in maximum, once per device (launches pass what their K needs).
-template <typename Kernel>
-void allow_max_smem_once(Kernel kernel, std::atomic<bool> (&attribute_set)[kMaxDevices], int device) {
-  if (device >= kMaxDevices || !attribute_set[device].load(std::memory_order_acquire)) {
-    int max_smem = 0;
-    FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
-    if (device < kMaxDevices) attribute_set[device].store(true, std::memory_order_release);
-  }
-}
 
 template <int BLOCK_M, int kStages, bool kAScale>
 void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
@@ -91,6 +72,16 @@ void launch_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb,
 }
 
 }  // namespace
+
+// Stages for num_kb K blocks: 128-row tiles take 4 or 5, whichever pads fewer stages in a tile's last lap (a pad stage
+// keeps the next tile's loads waiting), 5 on a tie; 192-row tiles take 4 (five do not fit beside the staging tiles);
+// 256-row tiles take 3 (a 2-stage build spilled 128 bytes).
+int lean_stages(int block_m, int num_kb) {
+  if (block_m == 192) return 4;
+  if (block_m != 128) return 3;
+  auto pads = [&](int s) { return (s - num_kb % s) % s; };
+  return pads(4) < pads(5) ? 4 : 5;
+}
 
 bool grouped_lean_ok(const GemmParams& p, int block_m, int num_groups, int device) {
   if (block_m != 128 && block_m != 192 && block_m != 256) return false;

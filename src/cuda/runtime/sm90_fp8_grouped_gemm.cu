@@ -79,8 +79,30 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
                 std::to_string(layout.num_groups));
   // FP4 experts at prefill sizes, where switched on (fp4_expand_grouped_wanted): the touched experts' weights expanded
   // into E4M3 scratch (fp4_expand.hpp) and the E4M3 grouped GEMM, gated as in the dense case (launch_sm90_fp8_gemm).
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  // FINEGEMM_FP4_LEAN (off until measured on the GPU): FP4 experts with byte UE8M0 scales in the Store GEMM through the
+  // grouped lean kernel, which expands each packed K block in its producer warpgroup: no E4M3 scratch, each expert's
+  // weights read packed. The fold scan, the lean kernel gated to run where every 128x128 tile folds, and the FP4
+  // kernel below gated to run where one does not.
+  std::optional<Fp4Expansion> scanned;
+  if (const int fp4_lean_m = p.b_fp4 && epilogue == Epilogue::Store
+                                 ? fp4_lean_block_m(true, layout.expected_rows_per_group)
+                                 : 0;
+      fp4_lean_m != 0 && lean_fp4_ok(p, fp4_lean_m, true, layout.num_groups, device)) {
+    scanned.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream,
+                    Fp4Expansion::Mode::ScanOnly);
+    if (scanned->ready()) {
+      GemmParams view = scanned->tile_params(p);
+      view.workspace = nullptr;
+      launch_sm90_fp4_grouped_lean(a, lda, b, ldb, layout, view, scanned->lean_view(p), fp4_lean_m, device, stream);
+      scanned->gate_unfoldable(p);
+    } else {
+      scanned.reset();
+    }
+  }
   std::optional<Fp4Expansion> expanded;
-  if (fp4_expand_grouped_wanted(p, layout.expected_rows_per_group)) {
+  if (!scanned && fp4_expand_grouped_wanted(p, layout.expected_rows_per_group)) {
     expanded.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream);
     if (!expanded->ready()) expanded.reset();  // no memory for the scratch: the FP4 kernel as it is
   }
@@ -89,8 +111,6 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
         launch_sm90_fp8_grouped_gemm(a, lda, w, q.k, layout, epilogue, q, stream);
       }))
     return;
-  int device = 0;
-  FG_CUDA_CHECK(cudaGetDevice(&device));
   const int num_sms = num_sms_of_device(device);
   // FINEGEMM_GROUPED_LEAN=128 / 192 / 256 (off until measured on the GPU): the lean kernel's grouped mode for the
   // Store GEMM where it serves the call (grouped_lean_ok); elsewhere the general kernel below.

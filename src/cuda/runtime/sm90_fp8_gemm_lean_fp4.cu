@@ -1,0 +1,153 @@
+// Launch of the lean kernels with FP4 weights expanded in their producer warpgroup (sm90_fp8_gemm_lean.cuh, kFp4B;
+// FINEGEMM_FP4_LEAN, off until measured on the GPU). Its own translation unit, so that these kernels compile beside
+// the E4M3 lean ones.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/kernels/sm90_fp8_gemm_lean.cuh"
+#include "cuda/runtime/gemm_launch.cuh"
+#include "cuda/runtime/sm90_fp8_gemm.hpp"
+
+namespace finegemm::cuda {
+namespace {
+
+std::atomic<long long> lean_fp4_launch_count{0};
+
+// Dense calls take 128-row tiles at four stages: the packed ring (33 KB) beside five stages and the staging tiles
+// would pass the 227 KB of shared memory, as would 256-row tiles at three.
+constexpr int kDenseFp4Stages = 4;
+
+// The E4M3 lean kernels' view of an FP4 call's shape and activations (lean_gemm_ok / grouped_lean_ok check the rest):
+// 128x128 B blocks of F32 scales, promoted once per K block.
+GemmParams e4m3_shape(const GemmParams& p) {
+  GemmParams q = p;
+  q.b_fp4 = false;
+  q.b_scale_fmt = ScaleFmt::F32;
+  q.b_block_n = kLeanBlockN;
+  q.b_block_k = kGemmBlockK;
+  q.b_scale_cols = p.k / kGemmBlockK;
+  q.promote_k = kGemmBlockK;
+  return q;
+}
+
+template <int BLOCK_M, int kStages>
+int fp4_smem(bool grouped, int num_kb) {
+  using L = LeanGemm<BLOCK_M, kStages>;
+  return (grouped ? L::grouped_smem_bytes(num_kb) : L::smem_bytes(num_kb)) + L::kFp4Extra;
+}
+
+int lean_fp4_smem_bytes(int block_m, bool grouped, int num_kb) {
+  if (!grouped) return fp4_smem<128, kDenseFp4Stages>(false, num_kb);
+  const int stages = lean_stages(block_m, num_kb);
+  if (block_m == 128) return stages == 5 ? fp4_smem<128, 5>(true, num_kb) : fp4_smem<128, 4>(true, num_kb);
+  if (block_m == 192) return fp4_smem<192, 4>(true, num_kb);
+  return fp4_smem<256, 3>(true, num_kb);
+}
+
+// The packed weights: [rows, K / 2] bytes, boxes of 128 rows by 64 bytes (one K block) in the 64-byte swizzle.
+CUtensorMap packed_map(const void* b, int64_t rows, int k, int64_t ldb) {
+  return make_tma_2d(b, rows, k / 2, ldb, kLeanBlockN, kGemmBlockK / 2, /*swizzle64=*/true);
+}
+
+template <int BLOCK_M, int kStages, bool kAScale>
+void launch_dense(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& q, const LeanFp4B& fp4,
+                  int device, cudaStream_t stream) {
+  using L = LeanGemm<BLOCK_M, kStages>;
+  auto kernel = sm90_fp4_gemm_lean_kernel<BLOCK_M, kStages, kAScale>;
+  static std::atomic<bool> attribute_set[kMaxDevices] = {};
+  allow_max_smem_once(kernel, attribute_set, device);
+  const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
+  const CUtensorMap tma_b = packed_map(b, q.n, q.k, ldb);
+  const CUtensorMap tma_out = make_tma_2d(q.out, q.m, 2 * int64_t{q.n}, 2 * q.ldo, 64);
+  const int num_m_blocks = ceil_div(q.m, BLOCK_M);
+  const int64_t tiles = int64_t{num_m_blocks} * ceil_div(q.n, kLeanBlockN);
+  if (tiles > INT32_MAX) throw Error("lean fp4 gemm: " + std::to_string(tiles) + " tiles, more than one grid takes");
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
+  kernel<<<grid, L::kThreads, fp4_smem<BLOCK_M, kStages>(false, q.k / kGemmBlockK), stream>>>(
+      tma_a, tma_b, tma_out, q, num_m_blocks, static_cast<int>(tiles), fp4);
+  FG_CUDA_CHECK(cudaGetLastError());
+  lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <int BLOCK_M, int kStages, bool kAScale>
+void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
+                    const GemmParams& q, const LeanFp4B& fp4, int device, cudaStream_t stream) {
+  using L = LeanGemm<BLOCK_M, kStages>;
+  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale>;
+  static std::atomic<bool> attribute_set[kMaxDevices] = {};
+  allow_max_smem_once(kernel, attribute_set, device);
+  const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
+  const CUtensorMap tma_b = packed_map(b, int64_t{layout.num_groups} * q.n, q.k, ldb);
+  typename L::Sched sched;
+  sched.offsets = layout.offsets;
+  sched.counts = layout.counts;
+  sched.max_rows = layout.max_rows;
+  sched.num_groups = layout.num_groups;
+  sched.num_n_blocks = ceil_div(q.n, kLeanBlockN);
+  sched.num_k_blocks = q.k / kGemmBlockK;
+  kernel<<<num_sms_of_device(device), L::kThreads, fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK), stream>>>(
+      tma_a, tma_b, q, sched, fp4);
+  FG_CUDA_CHECK(cudaGetLastError());
+  lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups, int device) {
+  if (grouped ? (block_m != 128 && block_m != 192 && block_m != 256) : block_m != 128) return false;
+  if (!p.b_fp4 || p.b_scale == nullptr || p.b_scale_fmt != ScaleFmt::UE8M0 || p.b_block_n != 1 || p.b_block_k != 32 ||
+      p.gate != nullptr || p.b_layout != BLayout::Plain)
+    return false;
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kGemmBlockK != 0 || p.b_scale_cols < p.k / 32) return false;
+  // The producers read a word of four scales per row and K block.
+  if (reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0 || p.b_scale_stride_n % 4 != 0 || p.b_scale_group_stride % 4 != 0)
+    return false;
+  // The producers index the scales and the scan's exponents with 32-bit word offsets.
+  const int64_t groups = grouped ? num_groups : 1;
+  if ((groups - 1) * p.b_scale_group_stride + (int64_t{p.n} - 1) * p.b_scale_stride_n + p.k / 32 >= INT32_MAX ||
+      groups * ceil_div(p.n, kLeanBlockN) * (p.k / kGemmBlockK) >= INT32_MAX)
+    return false;
+  const GemmParams q = e4m3_shape(p);
+  if (grouped ? !grouped_lean_ok(q, block_m, num_groups, device) : !lean_gemm_ok(q, block_m, device)) return false;
+  int max_smem = 0;
+  FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return lean_fp4_smem_bytes(block_m, grouped, p.k / kGemmBlockK) <= max_smem;
+}
+
+void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& view,
+                               const LeanFp4B& fp4, int device, cudaStream_t stream) {
+  if (view.a_scale != nullptr) launch_dense<128, kDenseFp4Stages, true>(a, lda, b, ldb, view, fp4, device, stream);
+  else launch_dense<128, kDenseFp4Stages, false>(a, lda, b, ldb, view, fp4, device, stream);
+}
+
+void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
+                                  const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
+                                  cudaStream_t stream) {
+  const int stages = lean_stages(block_m, view.k / kGemmBlockK);
+  auto launch = [&](auto a_scale) {
+    constexpr bool kA = decltype(a_scale)::value;
+    if (block_m == 256) launch_grouped<256, 3, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else if (block_m == 192) launch_grouped<192, 4, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else if (stages == 5) launch_grouped<128, 5, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else launch_grouped<128, 4, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
+  };
+  if (view.a_scale != nullptr) launch(std::true_type{});
+  else launch(std::false_type{});
+}
+
+int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
+  const char* env = std::getenv("FINEGEMM_FP4_LEAN");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return 0;
+  if (v != "1" && v != "128" && v != "192" && v != "256")
+    throw Error("FINEGEMM_FP4_LEAN: expected 0 (off), 1, 128, 192 or 256 (the grouped tile height), got '" + v + "'");
+  if (!grouped) return 128;
+  if (v == "1") return expected_rows_per_group >= 96 ? 192 : 128;
+  return std::stoi(v);
+}
+
+long long lean_fp4_launches() { return lean_fp4_launch_count.load(std::memory_order_relaxed); }
+
+}  // namespace finegemm::cuda
