@@ -630,9 +630,18 @@ TEST_P(Fp4Linear, ExactLeanKernelExpansion) {
                                           : std::vector<ActKind>{ActKind::Static, ActKind::Group128Pow2,
                                                                  ActKind::PreQuantized128};
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{300, 9000} : std::vector<int64_t>{1, 7, 64, 200, 300, 9000};
-  long long before = cuda::lean_fp4_launches();
-  check_exact(target(), gpu(), "tiles fold, lean FP4 kernel", tiles, ms, {ScaleKind::UE8M0}, acts, {DType::BF16});
-  EXPECT_GT(cuda::lean_fp4_launches(), before) << "FINEGEMM_FP4_LEAN=1 never took the lean FP4 kernel";
+  // Launches per (recipe, M): one per call where it serves (static activations at any M; groups of 128 above M = 64,
+  // where linear() writes the scales M-major), none for pre-quantized activations with row-major scales. Calls per M
+  // as column_plan makes them (the GPU's full_m is 64, 12 calls below it).
+  for (ActKind act : acts)
+    for (int64_t m : ms) {
+      const long long start = cuda::lean_fp4_launches();
+      check_exact(target(), gpu(), "tiles fold, lean FP4 kernel", tiles, {m}, {ScaleKind::UE8M0}, {act}, {DType::BF16});
+      const int64_t calls = m >= 64 ? (tiles.k + m - 1) / m : 12;
+      const bool served = act == ActKind::Static || (act == ActKind::Group128Pow2 && m > 64);
+      EXPECT_EQ(cuda::lean_fp4_launches() - start, served ? calls : 0) << act_kind_name(act) << " M=" << m;
+    }
+  long long before = 0;
   // One call, one launch: M = 300, static activations.
   {
     const OneHot h = make_one_hot(ActKind::Static, tiles.k, std::vector<int64_t>(300, 5), false);
@@ -1155,7 +1164,8 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
                           v.act.group_size == 128;
       for (const char* height : {"128", "192", "256"}) {
         SCOPED_TRACE(std::string("FINEGEMM_FP4_LEAN=") + height);
-        const ScopedEnv lean("FINEGEMM_FP4_LEAN", height);
+        // Both GEMMs as Store GEMMs (gate_up unfused, the default; the fused one is not served).
+        const ScopedEnv lean("FINEGEMM_FP4_LEAN", height), unfused("FINEGEMM_MOE_UNFUSED", "1");
         const long long before = cuda::lean_fp4_launches();
         const Buffer lean_out = run_moe(f, target());
         EXPECT_EQ(cuda::lean_fp4_launches(), before + (served ? 2 : 0)) << "the gate_up and down GEMMs";

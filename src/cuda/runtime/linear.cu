@@ -53,12 +53,13 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
     q_buffer.emplace(static_cast<size_t>(m * k), stream);
     x_q = q_buffer->as<void>();
     // Groups of 128 are written M-major ([K/128, M rounded up to 4], the padding rows set) for the GEMM's bulk scale
-    // copies (GemmParams::a_scale_bulk; prefill sizes, E4M3 weights promoted every 128, or FP4 weights for the lean
-    // kernel that expands them, FINEGEMM_FP4_LEAN; FINEGEMM_GEMM_SCALE_BULK=0: row-major).
+    // copies (GemmParams::a_scale_bulk; prefill sizes, E4M3 weights promoted every 128, or FP4 weights, whose
+    // promote_k is 32, for the lean kernel that expands them, FINEGEMM_FP4_LEAN; FINEGEMM_GEMM_SCALE_BULK=0:
+    // row-major).
     const int64_t m_major_ld = (m + 3) / 4 * 4;
     const bool m_major = !args.activation.is_static() && args.activation.granularity == ActGranularity::PerTokenGroup &&
-                         args.activation.group_size == 128 && (!fp4 || fp4_lean_block_m(false, 0) != 0) &&
-                         promote_k == 128 && m > 64 &&
+                         args.activation.group_size == 128 &&
+                         (fp4 ? fp4_lean_block_m(false, 0) != 0 : promote_k == 128) && m > 64 &&
                          m * k / 8 <= (int64_t{1} << 30) && a_scale_bulk_wanted();
     if (m_major) {
       own_m_major = true;
