@@ -104,6 +104,12 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using L = LeanGemm<BLOCK_M, kStages>;
   constexpr int S = L::kStages;
+  // kFp4B at 128 rows: 56 registers for the expanding producers (at 40 they spilled), 224 for the consumers, whose
+  // one 64-row pass needs far fewer; 256-row consumers need their 232 (228 used), so the producers keep 40 there.
+  constexpr int kProducerRegs = kFp4B && BLOCK_M == 128 ? 56 : L::kProducerRegs;
+  constexpr int kConsumerRegs = kFp4B && BLOCK_M == 128 ? 224 : L::kConsumerRegs;
+  static_assert(kProducerRegs + L::kWGs * kConsumerRegs <= (65536 / L::kThreads) / 8 * 8 * (L::kWGs + 1),
+                "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   if constexpr (kFp4B) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
     if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
@@ -167,7 +173,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 
   if (threadIdx.x >= L::kConsumerThreads) {
     // ---------------- TMA thread (the last warpgroup, thread 0).
-    ptx::setmaxnreg_dec<L::kProducerRegs>();
+    ptx::setmaxnreg_dec<kProducerRegs>();
     if constexpr (kFp4B) {
       // ---------------- kFp4B: the whole warpgroup expands (thread e: row e of the B tile); thread 0 also issues the
       // TMA loads: A per stage, and the packed tiles in their own ring, kRawStages - 1 K blocks ahead of the expansion
@@ -302,7 +308,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 
   // ---------------- Consumer warpgroups (warpgroup wg: rows 64·wg .. 64·wg + 63 of the tile, and with 256-row tiles
   // also 128 + 64·wg ..).
-  ptx::setmaxnreg_inc<L::kConsumerRegs>();
+  ptx::setmaxnreg_inc<kConsumerRegs>();
   using Mma = ptx::WgmmaFp8<kLeanBlockN>;
   // The warpgroup index through a shuffle from lane 0: ptxas then keeps it, and the descriptors built from it, in
   // uniform registers (computed from threadIdx.x they went through R2UR before every wgmma).
