@@ -81,6 +81,60 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_kernel(Fp4ScaleView s, int 
   }
 }
 
+// The same scan with one CTA per 128-row tile (grid: groups · tiles_per_group, 128 threads, a row each) walking every K
+// block, for the lean kernels' scan-only calls (Fp4Expansion::Mode::ScanOnly): fp4_fold_scan_kernel's grid has a CTA
+// per (tile, K block), 458752 of them for DeepSeek-V3's gate_up experts, each reading four bytes per thread. Per block
+// of kScanChunk K blocks: each warp reduces its 32 rows' largest and smallest exponents (rows past N take no part), lane
+// 0 keeps them in shared memory, and after a barrier the CTA's threads finish one K block each over the four warps.
+// The same outputs: tile_emax, tile_scale, and the flags.
+inline constexpr int kFp4ScanChunk = 64;
+
+__global__ void __launch_bounds__(128) fp4_fold_scan_tiles_kernel(Fp4ScaleView s, int k, int* __restrict__ tile_emax,
+                                                                  float* __restrict__ tile_scale,
+                                                                  int* __restrict__ flags) {
+  __shared__ int warp_hi[4][kFp4ScanChunk], warp_lo[4][kFp4ScanChunk];
+  const int groups = k / 32, blocks = (k + 127) / 128;
+  const int64_t tile = blockIdx.x, group = tile / s.tiles_per_group();
+  if (!s.group_used(group)) return;  // block-uniform
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row_in_group = static_cast<int>(tile % s.tiles_per_group()) * 128 + threadIdx.x;
+  const bool row_valid = row_in_group < s.n;
+  const int64_t row = group * s.n + min(row_in_group, s.n - 1);
+  bool row_wide = false;
+  for (int kb0 = 0; kb0 < blocks; kb0 += kFp4ScanChunk) {
+    const int count = min(kFp4ScanChunk, blocks - kb0);
+    for (int i = 0; i < count; ++i) {
+      const int kb = kb0 + i;
+      int hi = 0, lo = 255;
+      if (row_valid) {
+        for (int g = 4 * kb; g < min(4 * kb + 4, groups); ++g) {
+          const int e = s.at(row, g);
+          hi = max(hi, e);
+          lo = min(lo, e);
+        }
+        row_wide = row_wide || hi - lo > 8;
+      }
+      hi = static_cast<int>(__reduce_max_sync(0xFFFFFFFFu, static_cast<unsigned>(hi)));
+      lo = static_cast<int>(__reduce_min_sync(0xFFFFFFFFu, static_cast<unsigned>(lo)));
+      if (lane == 0) {
+        warp_hi[warp][i] = hi;
+        warp_lo[warp][i] = lo;
+      }
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < count) {
+      const int i = threadIdx.x;
+      const int hi = max(max(warp_hi[0][i], warp_hi[1][i]), max(warp_hi[2][i], warp_hi[3][i]));
+      const int lo = min(min(warp_lo[0][i], warp_lo[1][i]), min(warp_lo[2][i], warp_lo[3][i]));
+      if (hi - lo > 8) atomicOr(flags, kFp4TileUnfoldable);
+      tile_emax[tile * blocks + kb0 + i] = hi;
+      tile_scale[tile * blocks + kb0 + i] = fmt::ue8m0_to_float(static_cast<uint8_t>(hi));
+    }
+    __syncthreads();  // the chunk's shared values read before the next chunk writes them
+  }
+  if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
+}
+
 // One warp per (row, 1024 codes of K): lane q takes the 32 codes of group q (16 packed bytes in, 32 bytes out).
 // kFold: emax per the flags (above); row_scale [rows, blocks] is written where the row blocks' emax is used.
 template <bool kFold>

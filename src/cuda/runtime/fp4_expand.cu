@@ -61,11 +61,15 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   const auto* packed = static_cast<const uint8_t*>(b);
   if (fold_) {
     FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
-    fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
     if (scan_only) {
+      // One CTA per tile walking its K blocks (fp4_fold_scan_tiles_kernel): the per-(tile, K block) grid below takes
+      // 458752 CTAs for DeepSeek-V3's gate_up experts. The expansion's own scan is left as measured.
+      fp4_fold_scan_tiles_kernel<<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,
+                                                                                            tile_scale_, flags_);
       FG_CUDA_CHECK(cudaGetLastError());
       return;
     }
+    fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
     fp4_expand_weights_kernel<true>
         <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, tile_emax, row_scale_, flags_);
   } else {
