@@ -649,6 +649,37 @@ TEST(GemmConfig, LeanTileHeight) {
   }
 }
 
+// FINEGEMM_FP4_LEAN's tile height (host code): off unset or 0; dense calls take 128 rows for any other value; grouped
+// calls the height given, and for 1 192 rows from 96 rows per expert, else 128; anything else is an error naming the
+// variable and the value.
+TEST(GemmConfig, Fp4LeanSwitch) {
+  {
+    const ScopedEnv unset("FINEGEMM_FP4_LEAN", "");
+    unsetenv("FINEGEMM_FP4_LEAN");
+    EXPECT_EQ(cuda::fp4_lean_block_m(false, 0), 0);
+    EXPECT_EQ(cuda::fp4_lean_block_m(true, 4096), 0);
+  }
+  const std::tuple<const char*, bool, int64_t, int> cases[] = {
+      {"0", false, 0, 0},    {"0", true, 128, 0},    {"1", false, 0, 128},    {"1", true, 96, 192},
+      {"1", true, 95, 128},  {"128", true, 500, 128}, {"192", true, 10, 192}, {"256", true, 10, 256},
+      {"256", false, 0, 128}};
+  for (const auto& [value, grouped, rows, want] : cases) {
+    const ScopedEnv env("FINEGEMM_FP4_LEAN", value);
+    EXPECT_EQ(cuda::fp4_lean_block_m(grouped, rows), want) << value << " grouped=" << grouped << " rows=" << rows;
+  }
+  for (const char* bad : {"64", "yes", "2"}) {
+    const ScopedEnv env("FINEGEMM_FP4_LEAN", bad);
+    try {
+      (void)cuda::fp4_lean_block_m(true, 128);
+      ADD_FAILURE() << "FINEGEMM_FP4_LEAN=" << bad << " was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("FINEGEMM_FP4_LEAN"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
+    }
+  }
+}
+
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of
 // A into both. N = 300 gives three 128-wide column blocks, so the second CTA of the last pair has no columns at all
 // (its B rows lie past N: zero-filled loads, nothing stored); M = 500 leaves a partial row block; K = 1152 (nine K

@@ -336,6 +336,23 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     for (int i = threadIdx.x; i < num_kb; i += L::kConsumerThreads)
       smem_sfb[i] = load_b_scale(p, tile.group, n0 / p.b_block_n, i);
     ptx::named_bar_sync<1, L::kConsumerThreads>();
+    if constexpr (kGrouped) {
+      // A warpgroup whose rows all lie past the expert's end (its first pass's first row, so every pass's) only waits
+      // for and releases the tile's stages: no wgmma, promotion or stores, so that the tensor cores run the other
+      // warpgroups alone (the general kernel's skip_idle, FINEGEMM_GEMM_SKIP_IDLE=0 turns both off). An expert of
+      // 140 rows in a 192-row tile leaves none idle; in two 128-row tiles, the second tile's second warpgroup.
+      if (p.skip_idle && m0 + wg * 64 >= tile.m_end) {
+        for (int lap = 0; lap < laps; ++lap, ++lap_count) {
+          const uint32_t parity = lap_count & 1u;
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            ptx::mbar_wait(&full[s], parity);
+            ptx::mbar_arrive(&empty[s]);
+          }
+        }
+        continue;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < 64 * L::kHalves; ++i) total[i] = 0.0f;
     // Grouped, row-major A scales: this thread's rows' scale offsets, once per tile (rows past M clamped: computed,
