@@ -116,17 +116,27 @@ inline Comparison compare(const TensorView& out, const TensorView& ref) {
   return compare(out, r);
 }
 
-// Sets an environment variable for a scope (an empty value leaves it unset); unsets it at the end.
+// Sets an environment variable for a scope (an empty value unsets it there); at the end it is as it was before (an
+// enclosing scope's value, or unset). Until stop 39 it was unset at the end, which cleared an enclosing scope's value.
 struct ScopedEnv {
   ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (!value.empty()) setenv(name, value.c_str(), 1);
+    const char* before = std::getenv(name);
+    had_ = before != nullptr;
+    if (had_) before_ = before;
+    if (value.empty()) unsetenv(name);
+    else setenv(name, value.c_str(), 1);
   }
-  ~ScopedEnv() { unsetenv(name_); }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, before_.c_str(), 1);
+    else unsetenv(name_);
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
   const char* name_;
+  bool had_ = false;
+  std::string before_;
 };
 
 }  // namespace finegemm::testing

@@ -15,7 +15,7 @@ namespace {
 
 std::atomic<long long> lean_fp4_launch_count{0};
 
-// Dense calls take 128-row tiles at four stages: the packed ring (33 KB) beside five stages and the staging tiles
+// Dense calls take 128-row tiles at four stages: the packed ring (57 KB) beside five stages and the staging tiles
 // would pass the 227 KB of shared memory, as would 256-row tiles at three.
 constexpr int kDenseFp4Stages = 4;
 
