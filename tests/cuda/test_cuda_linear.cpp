@@ -630,8 +630,7 @@ TEST(GemmConfig, LeanTileHeight) {
   // (M, N, K, pick): graph-replay µs general / lean 128 / lean 256 in the comments (stop 36), then lean 192 (stop 39).
   for (const auto& [m, n, k, want] : {std::tuple{4096, 7168, 16384, 256},  // 835 / 747 / 677 (events)
                                       {4096, 4096, 7168, 256},             // 218 / 191 / 176
-                                      {4096, 24576, 1536, 192},            // 281 / 271 / 252; 255
-                                      {4096, 32768, 512, 192},             // 169 / 171 / 171; 166
+                                      {4096, 24576, 1536, 256},            // 281 / 271 / 252; 255
                                       {4096, 7168, 2048, 256},             // 115 / 102 / 97
                                       {4096, 2112, 7168, 192},             // 113 / 117 / 127; 97.6
                                       {4096, 576, 7168, 192},              // 35 / 46 / 40; 31.5
@@ -652,15 +651,16 @@ TEST(GemmConfig, LeanTileHeight) {
   }
 }
 
-// FINEGEMM_FP4_LEAN's tile height (host code): off unset or 0; dense calls take 128 rows for any other value; grouped
-// calls the height given, and for 1 192 rows from 96 rows per expert, else 128; anything else is an error naming the
-// variable and the value.
+// FINEGEMM_FP4_LEAN's tile height (host code): unset, grouped calls from 64 to 255 rows per expert take 192 rows and
+// the rest none; 0 off; dense calls take 128 rows for any other value; grouped calls the height given, and for 1 192
+// rows from 96 rows per expert, else 128; anything else is an error naming the variable and the value.
 TEST(GemmConfig, Fp4LeanSwitch) {
   {
     const ScopedEnv unset("FINEGEMM_FP4_LEAN", "");
-    unsetenv("FINEGEMM_FP4_LEAN");
-    EXPECT_EQ(cuda::fp4_lean_block_m(false, 0), 0);
-    EXPECT_EQ(cuda::fp4_lean_block_m(true, 4096), 0);
+    for (const auto& [grouped, rows, want] : {std::tuple{false, int64_t{0}, 0}, {false, int64_t{128}, 0},
+                                              {true, int64_t{63}, 0}, {true, int64_t{64}, 192}, {true, int64_t{128}, 192},
+                                              {true, int64_t{255}, 192}, {true, int64_t{256}, 0}, {true, int64_t{4096}, 0}})
+      EXPECT_EQ(cuda::fp4_lean_block_m(grouped, rows), want) << "unset, grouped=" << grouped << " rows=" << rows;
   }
   const std::tuple<const char*, bool, int64_t, int> cases[] = {
       {"0", false, 0, 0},    {"0", true, 128, 0},    {"1", false, 0, 128},    {"1", true, 96, 192},

@@ -73,9 +73,12 @@ struct LeanGemm {
   static int grouped_smem_bytes(int num_kb) { return smem_bytes(num_kb) - kStaging + Sched::kSmemBytes; }
   // kFp4B: the packed ring (kRawStages K blocks of 128 rows x 64 bytes) after the staging tiles, then its barriers
   // (full, empty) and the nine fold-table rows, before the A scales.
-  // Seven: the producers wait on the packed tiles (stop 39, ncu at M = 4096 N = 4096 K = 7168 with four: their samples
-  // at the packed ring's full barrier, about 1 µs per K block against the E4M3 kernel's 0.43), so the ring runs six K
-  // blocks ahead; seven fit beside every height's stages (225 KB at 128 rows, four stages, with the staging tiles).
+  // Seven (four until stop 39; seven fit beside every height's stages: 225 KB at 128 rows, four stages, with the staging
+  // tiles). ncu at M = 4096 N = 4096 K = 7168 with four: ~1 µs per K block against the E4M3 lean kernel's 0.43, a
+  // fifth of the producers' warp samples at the packed ring's full barrier. Seven did not change the time (458 vs
+  // 441 µs): the producers are latency-bound in the expansion itself, one warp per scheduler (their samples: 29%
+  // long scoreboard, 27% fixed-latency waits, 17% shared-load waits, 16% issuing). The MoE layers were measured with
+  // seven.
   static constexpr int kRawStages = 7;
   static constexpr int kStageRaw = kLeanBlockN * kGemmBlockK / 2;
   static constexpr int kFp4Extra = kRawStages * kStageRaw + 256;

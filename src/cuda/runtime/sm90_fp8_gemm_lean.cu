@@ -164,23 +164,24 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 
 // A cost model fitted to stop 36's A/B (H200, 21 prefill shapes, M = 128/512/4096, FINEGEMM_GEMM_LEAN=0/1/256): each
 // kernel's run costs waves x tile area / efficiency, a partial wave counting whole (persistent grids take their units
-// round robin). Efficiencies per unit of area, relative to the lean 128x128 tile: lean 256x128 1.1, 192x128 1.11 (from
-// stop 39's A/B, the seven bar shapes at M = 512 and 4096: 1.04 to 1.15; above 256's so that it wins where both
-// take the same wave area, as at M = 4096 N = 32768 K = 512, where it ran faster in both runs); the general
+// round robin). Efficiencies per unit of area, relative to the lean 128x128 tile: lean 256x128 and 192x128 1.1 (192
+// from stop 39's A/B, the seven bar shapes at M = 512 and 4096: 1.04 to 1.15; where both take the same wave area the
+// taller wins, see below); the general
 // kernel's 192x128 0.95, 128x128 0.82, 128x192 0.80, 64x128 0.53, 128x64 0.45 (split-K units count their share of
 // K). Short K costs the lean kernel a K block's time per tile (its epilogue does not overlap the next tile's wgmma)
 // and the general kernel half of one. It picks the measured winner at 20 of the 21 shapes; the miss (M = 4096,
 // N = 32768, K = 512: lean 168.8 µs vs general 163.7) is within 3%. With 192 rows (stop 39, graph replay, general /
 // lean 128 / 192 / 256): M = 4096 N = 2112 K = 7168 112.8 / 114.9 / 97.6 / 125.6 µs, N = 576 K = 7168 35.4 / 48.1 /
-// 31.5 / 41.1, and N = 32768 K = 512 169.1 / 171.1 / 166.4 / 170.7 (a second run: general 163.1, 192 158.1, 256
-// 168.7), all three now 192, as N = 24576 K = 1536 (255 vs 253 at 256 rows); at M = 512 192 rows never won.
+// 31.5 / 41.1, both now 192. Where 192 and 256 rows tie in the model, 256: at N = 24576 K = 1536 192 rows took
+// 255 / 260 / 254 / 268 µs in four runs against 253 / 253 at 256; at N = 32768 K = 512 the other way (166 / 158 / 167
+// against 171 / 169), a 2-5% loss left there. At M = 512 192 rows never won.
 int lean_gemm_block_m(const GemmParams& p, int num_sms) {
   if (p.m < kLeanMinM || num_sms <= 0 || p.k < kGemmBlockK) return 0;
   const double kb = static_cast<double>(p.k) / kGemmBlockK;
   const int64_t col_blocks = ceil_div(p.n, kLeanBlockN);
   auto lean_cost = [&](int block_m) {
     const int64_t waves = ceil_div(int64_t{ceil_div(p.m, block_m)} * col_blocks, int64_t{num_sms});
-    const double eff = (block_m == 128 ? 1.0 : block_m == 192 ? 1.11 : 1.1) * kb / (kb + 1.0);
+    const double eff = (block_m == 128 ? 1.0 : 1.1) * kb / (kb + 1.0);
     return static_cast<double>(waves) * block_m * kLeanBlockN / eff;
   };
   const GemmConfig c = choose_gemm_config(p.m, p.n, p.k, kGemmBlockK, num_sms);

@@ -1,5 +1,5 @@
 // Launch of the lean kernels with FP4 weights expanded in their producer warpgroup (sm90_fp8_gemm_lean.cuh, kFp4B;
-// FINEGEMM_FP4_LEAN, off until measured on the GPU). Its own translation unit, so that these kernels compile beside
+// FINEGEMM_FP4_LEAN: by default the MoE Store GEMMs from 64 to 255 rows per expert, see fp4_lean_block_m). Its own translation unit, so that these kernels compile beside
 // the E4M3 lean ones.
 #include <algorithm>
 #include <atomic>
@@ -140,7 +140,13 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
 int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return 0;
+  // Unset: the grouped Store GEMMs at 192 rows from 64 to 255 rows per expert, where it measured faster than the
+  // expanded path (stop 39, H200, DeepSeek-V3 layer with FP4 experts: T = 2048 (64 rows per expert) 10917 -> 7866 µs,
+  // T = 4096 (128) 11618 -> 8737). From 256 rows per expert the expansion's cost is shared by more rows and the lean
+  // kernel's producers (about 2.4x the E4M3 lean kernel's time per K block) are expected to lose: not measured there.
+  // Dense FP4 prefill keeps the expanded path (M = 4096 N = 4096 K = 7168: 247 µs expanded, 458 lean).
+  if (v.empty()) return grouped && expected_rows_per_group >= 64 && expected_rows_per_group < 256 ? 192 : 0;
+  if (v == "0") return 0;
   if (v != "1" && v != "128" && v != "192" && v != "256")
     throw Error("FINEGEMM_FP4_LEAN: expected 0 (off), 1, 128, 192 or 256 (the grouped tile height), got '" + v + "'");
   if (!grouped) return 128;

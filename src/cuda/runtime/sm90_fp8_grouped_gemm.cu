@@ -81,7 +81,7 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   // into E4M3 scratch (fp4_expand.hpp) and the E4M3 grouped GEMM, gated as in the dense case (launch_sm90_fp8_gemm).
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
-  // FINEGEMM_FP4_LEAN (off until measured on the GPU): FP4 experts with byte UE8M0 scales in the Store GEMM through the
+  // FINEGEMM_FP4_LEAN (by default from 64 to 255 rows per expert, fp4_lean_block_m): FP4 experts with byte UE8M0 scales in the Store GEMM through the
   // grouped lean kernel, which expands each packed K block in its producer warpgroup: no E4M3 scratch, each expert's
   // weights read packed. The fold scan, the lean kernel gated to run where every 128x128 tile folds, and the FP4
   // kernel below gated to run where one does not.
