@@ -10,12 +10,12 @@ timeout 150 $B/tests/test_cuda_moe --gtest_filter='CudaMoe.EveryRecipeMatchesRef
 timeout 150 $B/tests/test_cuda_fp4 >$W/fp4_tests.log 2>&1 &
 wait
 echo "moe + fp4 tests $(el)"; grep -hE "^\[  (PASSED|FAILED)|Failure|actual|Which is|seed" $W/moe_tests.log $W/fp4_tests.log | head -20
-FINEGEMM_TEST_QUICK=1 timeout 120 compute-sanitizer --tool memcheck $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Linear.ExactLeanKernelExpansion/cuda' >$W/memcheck_dense.log 2>&1
+FINEGEMM_TEST_QUICK=1 timeout 60 compute-sanitizer --tool memcheck $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Linear.ExactLeanKernelExpansion/cuda' >$W/memcheck_dense.log 2>&1
 echo "memcheck dense lean rc=$? $(el)"; grep -E "ERROR SUMMARY|PASSED|FAILED" $W/memcheck_dense.log | head -3
-timeout 120 compute-sanitizer --tool memcheck $B/tests/test_cuda_moe --gtest_filter='CudaMoe.EveryRecipeMatchesReference' >$W/memcheck_moe.log 2>&1
-echo "memcheck MoE every recipe rc=$? $(el)"; grep -E "ERROR SUMMARY|PASSED|FAILED" $W/memcheck_moe.log | head -3
+timeout 70 compute-sanitizer --tool memcheck $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Moe.ExpertsWithCraftedSpreadsMatchReference/cuda' >$W/memcheck_moe.log 2>&1
+echo "memcheck FP4 MoE (lean heights) rc=$? $(el)"; grep -E "ERROR SUMMARY|PASSED|FAILED" $W/memcheck_moe.log | head -3
 for e in "" "FINEGEMM_FP4_LEAN=0"; do
-  [ $(( $(date +%s) - s0 )) -lt 250 ] || break
+  [ $(( $(date +%s) - s0 )) -lt 190 ] || break
   env $e timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3,qwen3-30b-a3b --tokens 1024,2048,4096,8192 --recipes fp4 --check-tokens 1 >$W/moe_fp4_${e:-default}.log 2>&1
   echo "-- ${e:-default} $(el)"; grep -vE "^#|^$" $W/moe_fp4_${e:-default}.log | python3 -c '
 import json, sys
