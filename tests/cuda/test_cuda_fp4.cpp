@@ -633,14 +633,19 @@ TEST_P(Fp4Linear, ExactLeanKernelExpansion) {
   // Launches per (recipe, M): one per call where it serves (static activations at any M; groups of 128 above M = 64,
   // where linear() writes the scales M-major), none for pre-quantized activations with row-major scales. Calls per M
   // as column_plan makes them (the GPU's full_m is 64, 12 calls below it).
-  for (ActKind act : acts)
-    for (int64_t m : ms) {
-      const long long start = cuda::lean_fp4_launches();
-      check_exact(target(), gpu(), "tiles fold, lean FP4 kernel", tiles, {m}, {ScaleKind::UE8M0}, {act}, {DType::BF16});
-      const int64_t calls = m >= 64 ? (tiles.k + m - 1) / m : 12;
-      const bool served = act == ActKind::Static || (act == ActKind::Group128Pow2 && m > 64);
-      EXPECT_EQ(cuda::lean_fp4_launches() - start, served ? calls : 0) << act_kind_name(act) << " M=" << m;
-    }
+  // Both expansion orders of the producers (FINEGEMM_FP4_LEAN_EXPAND).
+  for (const char* order : {"serial", "batched"}) {
+    const ScopedEnv expand("FINEGEMM_FP4_LEAN_EXPAND", order);
+    for (ActKind act : acts)
+      for (int64_t m : ms) {
+        const long long start = cuda::lean_fp4_launches();
+        check_exact(target(), gpu(), std::string("tiles fold, lean FP4 kernel, ") + order + " expansion", tiles, {m},
+                    {ScaleKind::UE8M0}, {act}, {DType::BF16});
+        const int64_t calls = m >= 64 ? (tiles.k + m - 1) / m : 12;
+        const bool served = act == ActKind::Static || (act == ActKind::Group128Pow2 && m > 64);
+        EXPECT_EQ(cuda::lean_fp4_launches() - start, served ? calls : 0) << act_kind_name(act) << " M=" << m << " " << order;
+      }
+  }
   long long before = 0;
   // One call, one launch: M = 300, static activations.
   {
@@ -1360,10 +1365,12 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       // scales with activation groups of 128 (the first variant); the others run as before.
       const bool served = v.kind == ScaleKind::UE8M0 && v.act.granularity == ActGranularity::PerTokenGroup &&
                           v.act.group_size == 128;
-      for (const char* height : {"128", "192", "256"}) {
-        SCOPED_TRACE(std::string("FINEGEMM_FP4_LEAN=") + height);
+      for (const auto& [height, order] : {std::pair{"128", "serial"}, {"192", "serial"}, {"256", "serial"},
+                                          {"128", "batched"}, {"192", "batched"}}) {
+        SCOPED_TRACE(std::string("FINEGEMM_FP4_LEAN=") + height + " FINEGEMM_FP4_LEAN_EXPAND=" + order);
         // Both GEMMs as Store GEMMs (gate_up unfused, the default; the fused one is not served).
         const ScopedEnv lean("FINEGEMM_FP4_LEAN", height), unfused("FINEGEMM_MOE_UNFUSED", "1");
+        const ScopedEnv expand("FINEGEMM_FP4_LEAN_EXPAND", order);
         const long long before = cuda::lean_fp4_launches();
         const Buffer lean_out = run_moe(f, target());
         EXPECT_EQ(cuda::lean_fp4_launches(), before + (served ? 2 : 0)) << "the gate_up and down GEMMs";

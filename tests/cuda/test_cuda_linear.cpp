@@ -683,6 +683,26 @@ TEST(GemmConfig, Fp4LeanSwitch) {
   }
 }
 
+// FINEGEMM_FP4_LEAN_EXPAND (host code): unset and "serial" keep the serial expansion, "batched" batches; anything else
+// is an error naming the variable and the value.
+TEST(GemmConfig, Fp4LeanExpandSwitch) {
+  for (const auto& [value, want] : {std::pair{"", false}, {"serial", false}, {"batched", true}}) {
+    const ScopedEnv env("FINEGEMM_FP4_LEAN_EXPAND", value);
+    EXPECT_EQ(cuda::fp4_lean_batched(), want) << "'" << value << "'";
+  }
+  for (const char* bad : {"1", "Batched", "ilp"}) {
+    const ScopedEnv env("FINEGEMM_FP4_LEAN_EXPAND", bad);
+    try {
+      (void)cuda::fp4_lean_batched();
+      ADD_FAILURE() << "FINEGEMM_FP4_LEAN_EXPAND=" << bad << " was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("FINEGEMM_FP4_LEAN_EXPAND"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
+    }
+  }
+}
+
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of
 // A into both. N = 300 gives three 128-wide column blocks, so the second CTA of the last pair has no columns at all
 // (its B rows lie past N: zero-filled loads, nothing stored); M = 500 leaves a partial row block; K = 1152 (nine K

@@ -101,7 +101,13 @@ __device__ __forceinline__ void lean_sts128(uint32_t addr, const uint32_t (&v)[4
 // its expert's end are computed and dropped), the expert's B rows and scales, A scales row-major read by each consumer
 // thread for its two rows, and the epilogue stored from registers with the expert's bias, the row mask and the routing
 // weights.
-template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false>
+// kBatched (kFp4B only; FINEGEMM_FP4_LEAN_EXPAND=batched, stop 40, written without a GPU, off until measured): each
+// producer thread loads its row's four fold-table rows and four packed chunks before it expands any, so that their
+// shared-memory latencies overlap (the serial order waits out one load per group: ncu had 17% of the producers' samples
+// on shared loads and 27% on fixed-latency dependencies), and the TMA thread keeps the packed ring kRawStages - 2
+// items ahead instead of kRawStages - 1, so that its wait for a free slot is for the item before last, which every
+// producer thread has usually left (at one ahead more, warp 0 waited for the slowest warp's previous item).
+template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, bool kBatched = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -112,8 +118,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   constexpr int S = L::kStages;
   // kFp4B at 128 rows: 56 registers for the expanding producers (at 40 they spilled), 224 for the consumers, whose
   // one 64-row pass needs far fewer; 256-row consumers need their 232 (228 used), so the producers keep 40 there.
-  constexpr int kProducerRegs = kFp4B && BLOCK_M == 128 ? 56 : L::kProducerRegs;
-  constexpr int kConsumerRegs = kFp4B && BLOCK_M == 128 ? 224 : L::kConsumerRegs;
+  // kBatched at 128 rows: 64 and 216 (at 56 the batch spilled: 24 bytes of stores, 60 of loads, dense with A scales).
+  constexpr int kProducerRegs = kFp4B && BLOCK_M == 128 ? (kBatched ? 64 : 56) : L::kProducerRegs;
+  constexpr int kConsumerRegs = kFp4B && BLOCK_M == 128 ? (kBatched ? 216 : 224) : L::kConsumerRegs;
   static_assert(kProducerRegs + L::kWGs * kConsumerRegs <= (65536 / L::kThreads) / 8 * 8 * (L::kWGs + 1),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   if constexpr (kFp4B) {
@@ -185,6 +192,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       // TMA loads: A per stage, and the packed tiles in their own ring, kRawStages - 1 K blocks ahead of the expansion
       // (across tiles: item i is the CTA's (i / num_kb)-th tile's K block i % num_kb).
       constexpr int R = L::kRawStages;
+      constexpr int kAhead = kBatched ? R - 2 : R - 1;  // packed tiles in flight ahead of the expansion
       constexpr bool kBulkA = kAScale && !kGrouped;
       const int e = static_cast<int>(threadIdx.x) - L::kConsumerThreads;
       const bool issuer = e == 0;
@@ -197,7 +205,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
       const uint32_t packed_row = ptx::smem_addr(smem_packed) + static_cast<uint32_t>(lean_fp4_packed_row(e));
       const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(e));
-      // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile.
+      // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile (item
+      // issued - R: with kAhead = R - 1 the one being expanded before this one, with R - 2 the one before that).
       auto issue_packed = [&]() {
         if (load_t >= num_tiles) return;
         const uint32_t slot = issued % R;
@@ -213,7 +222,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         }
       };
       if (issuer)
-        for (int i = 0; i < R - 1; ++i) issue_packed();
+        for (int i = 0; i < kAhead; ++i) issue_packed();
       uint32_t lap_count = 0, item = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         const Tile tile = tile_of(t);
@@ -258,18 +267,39 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
               uint32_t packed_at = packed_row + slot * L::kStageRaw;
               uint32_t e4m3_at = e4m3_row + static_cast<uint32_t>(s * L::kStageB);
               asm volatile("" : "+r"(packed_at), "+r"(e4m3_at));
+              if constexpr (kBatched) {
+                // Every load first (the tables: plain shared loads; the chunks: four volatile loads in a row), then
+                // each group's expansion and its two stores.
+                uint2 tab[4];
+                uint32_t in[4][4];
 #pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const int d = min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8);
-                const uint2 tab = fold_tab[d];
-                uint32_t in[4], lo[4], hi[4];
-                lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in);
-                e2m1x8_to_e4m3x8(in[0], tab.x, tab.y, lo[0], lo[1]);
-                e2m1x8_to_e4m3x8(in[1], tab.x, tab.y, lo[2], lo[3]);
-                e2m1x8_to_e4m3x8(in[2], tab.x, tab.y, hi[0], hi[1]);
-                e2m1x8_to_e4m3x8(in[3], tab.x, tab.y, hi[2], hi[3]);
-                lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j) << 4), lo);
-                lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
+                for (int j = 0; j < 4; ++j) tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in[j]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  uint32_t lo[4], hi[4];
+                  e2m1x8_to_e4m3x8(in[j][0], tab[j].x, tab[j].y, lo[0], lo[1]);
+                  e2m1x8_to_e4m3x8(in[j][1], tab[j].x, tab[j].y, lo[2], lo[3]);
+                  e2m1x8_to_e4m3x8(in[j][2], tab[j].x, tab[j].y, hi[0], hi[1]);
+                  e2m1x8_to_e4m3x8(in[j][3], tab[j].x, tab[j].y, hi[2], hi[3]);
+                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j) << 4), lo);
+                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
+                }
+              } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  const int d = min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8);
+                  const uint2 tab = fold_tab[d];
+                  uint32_t in[4], lo[4], hi[4];
+                  lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in);
+                  e2m1x8_to_e4m3x8(in[0], tab.x, tab.y, lo[0], lo[1]);
+                  e2m1x8_to_e4m3x8(in[1], tab.x, tab.y, lo[2], lo[3]);
+                  e2m1x8_to_e4m3x8(in[2], tab.x, tab.y, hi[0], hi[1]);
+                  e2m1x8_to_e4m3x8(in[3], tab.x, tab.y, hi[2], hi[3]);
+                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j) << 4), lo);
+                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
+                }
               }
               ptx::fence_proxy_async_shared();  // the expanded row, written by the generic proxy, for the wgmma
               ptx::mbar_arrive(&full[s]);
@@ -578,20 +608,22 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
 // kFp4B (FINEGEMM_FP4_LEAN, off until measured): tma_b maps the packed weights ([rows, K / 2] bytes, 128 x 64-byte
 // boxes, 64-byte swizzle); p is the E4M3 view of the call (Fp4Expansion's tile scales as B scales, gated on the scan's
 // flags), fp4 the original scales and the scan's exponents.
-template <int BLOCK_M, int kStages, bool kAScale>
+// kBatched: the producers' batched expansion (lean_gemm_body).
+template <int BLOCK_M, int kStages, bool kAScale, bool kBatched = false>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp4_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles, const LeanFp4B fp4) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false, true>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {}, fp4);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, true, kBatched>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {},
+                                                                   fp4);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale>
+template <int BLOCK_M, int kStages, bool kAScale, bool kBatched = false>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
                                  const LeanFp4B fp4) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kBatched>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

@@ -51,11 +51,12 @@ CUtensorMap packed_map(const void* b, int64_t rows, int k, int64_t ldb) {
   return make_tma_2d(b, rows, k / 2, ldb, kLeanBlockN, kGemmBlockK / 2, /*swizzle64=*/true);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale>
+
+template <int BLOCK_M, int kStages, bool kAScale, bool kBatched>
 void launch_dense(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& q, const LeanFp4B& fp4,
                   int device, cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp4_gemm_lean_kernel<BLOCK_M, kStages, kAScale>;
+  auto kernel = sm90_fp4_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kBatched>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
@@ -71,11 +72,11 @@ void launch_dense(const void* a, int64_t lda, const void* b, int64_t ldb, const 
   lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale>
+template <int BLOCK_M, int kStages, bool kAScale, bool kBatched>
 void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                     const GemmParams& q, const LeanFp4B& fp4, int device, cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale>;
+  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kBatched>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
@@ -118,23 +119,36 @@ bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups,
 
 void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& view,
                                const LeanFp4B& fp4, int device, cudaStream_t stream) {
-  if (view.a_scale != nullptr) launch_dense<128, kDenseFp4Stages, true>(a, lda, b, ldb, view, fp4, device, stream);
-  else launch_dense<128, kDenseFp4Stages, false>(a, lda, b, ldb, view, fp4, device, stream);
+  const bool batched = fp4_lean_batched();
+  if (view.a_scale != nullptr) {
+    if (batched) launch_dense<128, kDenseFp4Stages, true, true>(a, lda, b, ldb, view, fp4, device, stream);
+    else launch_dense<128, kDenseFp4Stages, true, false>(a, lda, b, ldb, view, fp4, device, stream);
+  } else {
+    if (batched) launch_dense<128, kDenseFp4Stages, false, true>(a, lda, b, ldb, view, fp4, device, stream);
+    else launch_dense<128, kDenseFp4Stages, false, false>(a, lda, b, ldb, view, fp4, device, stream);
+  }
 }
 
 void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                                   const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
                                   cudaStream_t stream) {
   const int stages = lean_stages(block_m, view.k / kGemmBlockK);
-  auto launch = [&](auto a_scale) {
-    constexpr bool kA = decltype(a_scale)::value;
-    if (block_m == 256) launch_grouped<256, 3, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    else if (block_m == 192) launch_grouped<192, 4, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    else if (stages == 5) launch_grouped<128, 5, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    else launch_grouped<128, 4, kA>(a, lda, b, ldb, layout, view, fp4, device, stream);
+  auto launch = [&](auto a_scale, auto batched) {
+    constexpr bool kA = decltype(a_scale)::value, kB = decltype(batched)::value;
+    if (block_m == 256) launch_grouped<256, 3, kA, false>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    // 192 rows without A scales: the batch spilled (4 bytes of stores, 52 of loads): serial there.
+    else if (block_m == 192) launch_grouped<192, 4, kA, kA && kB>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else if (stages == 5) launch_grouped<128, 5, kA, kB>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else launch_grouped<128, 4, kA, kB>(a, lda, b, ldb, layout, view, fp4, device, stream);
   };
-  if (view.a_scale != nullptr) launch(std::true_type{});
-  else launch(std::false_type{});
+  const bool batched = fp4_lean_batched();
+  if (view.a_scale != nullptr) {
+    if (batched) launch(std::true_type{}, std::true_type{});
+    else launch(std::true_type{}, std::false_type{});
+  } else {
+    if (batched) launch(std::false_type{}, std::true_type{});
+    else launch(std::false_type{}, std::false_type{});
+  }
 }
 
 int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
@@ -152,6 +166,18 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
   if (!grouped) return 128;
   if (v == "1") return expected_rows_per_group >= 96 ? 192 : 128;
   return std::stoi(v);
+}
+
+// FINEGEMM_FP4_LEAN_EXPAND: the producers' expansion order. Unset or "serial": one MX group at a time (the kernel
+// measured at stop 39); "batched": every load of a row's K block first (lean_gemm_body's kBatched, stop 40, not yet
+// measured), at 128 rows and at 192 with A scales (the 256-row producers keep 40 registers, too few for the batch,
+// and the 192-row ones without A scales spilled: serial there).
+bool fp4_lean_batched() {
+  const char* env = std::getenv("FINEGEMM_FP4_LEAN_EXPAND");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "serial") return false;
+  if (v == "batched") return true;
+  throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial or batched (the producers' expansion order), got '" + v + "'");
 }
 
 long long lean_fp4_launches() { return lean_fp4_launch_count.load(std::memory_order_relaxed); }
