@@ -684,6 +684,26 @@ TEST(GemmConfig, Fp4LeanSwitch) {
   }
 }
 
+// FINEGEMM_GEMM_LEAN_PAIR (host code): unset and "0" off, "1" on; anything else is an error naming the variable and
+// the value.
+TEST(GemmConfig, LeanPairSwitch) {
+  for (const auto& [value, want] : {std::pair{"", false}, {"0", false}, {"1", true}}) {
+    const ScopedEnv env("FINEGEMM_GEMM_LEAN_PAIR", value);
+    EXPECT_EQ(cuda::lean_pair_wanted(), want) << "'" << value << "'";
+  }
+  for (const char* bad : {"2", "yes", "on"}) {
+    const ScopedEnv env("FINEGEMM_GEMM_LEAN_PAIR", bad);
+    try {
+      (void)cuda::lean_pair_wanted();
+      ADD_FAILURE() << "FINEGEMM_GEMM_LEAN_PAIR=" << bad << " was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("FINEGEMM_GEMM_LEAN_PAIR"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
+    }
+  }
+}
+
 // FINEGEMM_FP4_LEAN_EXPAND (host code): unset and "serial" keep the serial expansion, "batched" batches; anything else
 // is an error naming the variable and the value.
 TEST(GemmConfig, Fp4LeanExpandSwitch) {
@@ -1289,19 +1309,25 @@ TEST_F(CudaTest, LeanKernelSameBits) {
           EXPECT_EQ(cuda::lean_gemm_launches(), launches) << "FINEGEMM_GEMM_LEAN=0 still took the lean kernel";
         }
         const Buffer ref = run_reference(c.args, out, m, n);
-        for (const char* tiles : {"1", "192", "256"}) {
-          const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles);
+        // Each height alone and in 2-CTA clusters sharing B (FINEGEMM_GEMM_LEAN_PAIR=1; an odd count of row blocks
+        // leaves the last pair's second tile past M: at 128 rows M = 300 and 516, at 192 and 256 rows M = 516).
+        for (const char* tiles : {"1", "192", "256"})
+          for (const char* pair : {"0", "1"}) {
+          const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), paired("FINEGEMM_GEMM_LEAN_PAIR", pair);
           const long long launches = cuda::lean_gemm_launches();
           const Buffer got = run_on_gpu(c.args, {}, view);
           EXPECT_EQ(cuda::lean_gemm_launches(), launches + 1)
               << "the lean kernel did not run: " << recipe.name << " M=" << m << " N=" << n << " K=" << k;
           EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
                                               << " out=" << dtype_name(out) << " FINEGEMM_GEMM_LEAN=" << tiles
+                                              << " FINEGEMM_GEMM_LEAN_PAIR=" << pair
                                               << (from_bf16 ? " (BF16 input)" : "");
           const auto cmp = testing::compare(got, ref);
-          EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles;
-          EXPECT_LE(cmp.rel, tolerance(out)) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles;
-        }
+          EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles
+                                       << " pair=" << pair;
+          EXPECT_LE(cmp.rel, tolerance(out)) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles
+                                             << " pair=" << pair;
+          }
       }
     }
   }

@@ -107,7 +107,16 @@ __device__ __forceinline__ void lean_sts128(uint32_t addr, const uint32_t (&v)[4
 // on shared loads and 27% on fixed-latency dependencies), and the TMA thread keeps the packed ring kRawStages - 2
 // items ahead instead of kRawStages - 1, so that its wait for a free slot is for the item before last, which every
 // producer thread has usually left (at one ahead more, warp 0 waited for the slowest warp's previous item).
-template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, bool kBatched = false>
+// kPair (dense E4M3 only; FINEGEMM_GEMM_LEAN_PAIR=1, stop 40, written without a GPU, off until measured): 2-CTA
+// clusters over vertically adjacent tiles of one column block, sharing B: each CTA loads its A tile and one 64-row half
+// of the B tile, multicast into both CTAs (the general kernel's kCluster = 2). The pair walks its tiles in lockstep
+// (tile t of the cluster: row blocks 2·(t % pairs) + rank, column block t / pairs, where pairs = ceil(row blocks / 2);
+// a rank-1 tile past M loads zeros and stores nothing), each stage's empty barrier takes the peer's consumer warps too
+// (their lane 0 arrives remotely once the warp is done with the stage), and every thread of both CTAs passes a cluster
+// barrier after the barriers' initialisation and before it leaves. Per 256x128 tile and K block: 32 KB of A and 8 KB
+// of B from L2 instead of 16 KB (M = 4096 N = 4096 K = 7168: 1382 TFLOP/s, ~48 KB per 8.4 MFLOP, near the L2's rate).
+template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, bool kBatched = false,
+          bool kPair = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -123,6 +132,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   constexpr int kConsumerRegs = kFp4B && BLOCK_M == 128 ? (kBatched ? 216 : 224) : L::kConsumerRegs;
   static_assert(kProducerRegs + L::kWGs * kConsumerRegs <= (65536 / L::kThreads) / 8 * 8 * (L::kWGs + 1),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
+  static_assert(!kPair || (!kGrouped && !kFp4B), "kPair: the dense E4M3 lean kernel only");
   if constexpr (kFp4B) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
     if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
@@ -144,6 +154,11 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   const int lane = threadIdx.x % 32;
   const int laps = (num_kb + S - 1) / S;
   int num_tiles = num_tiles_dense;
+  // kPair: the cluster's tiles (num_tiles counts the pairs' tiles) and this CTA's rank in the pair. Read where used,
+  // as before kPair, so that the other builds compile as they did.
+  auto first_tile = [] { return kPair ? static_cast<int>(blockIdx.x) / 2 : static_cast<int>(blockIdx.x); };
+  auto tile_stride = [] { return kPair ? static_cast<int>(gridDim.x) / 2 : static_cast<int>(gridDim.x); };
+  auto cta_rank = [] { return kPair ? ptx::cluster_ctarank() : 0u; };
   if constexpr (kGrouped) {
     sched.prepare(empty + S, L::kThreads);  // its __syncthreads comes below
     __syncthreads();
@@ -157,6 +172,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     if constexpr (kGrouped) {
       const TileInfo info = sched.tile(t);
       return Tile{info.m_row0, info.m_end, info.group, info.n_block * kLeanBlockN};
+    } else if constexpr (kPair) {
+      const int pairs = (num_m_blocks + 1) / 2;
+      return Tile{(2 * (t % pairs) + static_cast<int>(cta_rank())) * BLOCK_M, p.m, 0, t / pairs * kLeanBlockN};
     } else {
       return Tile{t % num_m_blocks * BLOCK_M, p.m, 0, t / num_m_blocks * kLeanBlockN};
     }
@@ -166,7 +184,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     for (int s = 0; s < S; ++s) {
       // kFp4B: every producer thread, after its row of the expanded B tile (the TMA thread adds A's bytes first).
       ptx::mbar_init(&full[s], kFp4B ? 128 : 1);
-      ptx::mbar_init(&empty[s], L::kConsumerThreads);  // every consumer thread, after its last read of the stage
+      // Every consumer thread, after its last read of the stage; kPair: and the peer's consumer warps (lane 0 each).
+      ptx::mbar_init(&empty[s], L::kConsumerThreads + (kPair ? L::kConsumerThreads / 32 : 0));
     }
     if constexpr (kFp4B) {
       for (int r = 0; r < L::kRawStages; ++r) {
@@ -183,6 +202,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   for (int i = threadIdx.x; i < S * BLOCK_M; i += blockDim.x) smem_sfa[i] = 0.0f;
   ptx::fence_proxy_async_shared();
   __syncthreads();
+  if constexpr (kPair) ptx::cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive
 
   if (threadIdx.x >= L::kConsumerThreads) {
     // ---------------- TMA thread (the last warpgroup, thread 0).
@@ -315,11 +335,14 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t lap_count = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
         const Tile tile = tile_of(t);
         const int m0 = tile.m0, b_row0 = tile.group * p.n + tile.n0;
         constexpr bool kBulkA = kAScale && !kGrouped;
-        const uint32_t sfa_bytes = kBulkA ? static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16) : 0u;
+        // kPair: a rank-1 tile past M has no A scales to copy.
+        const uint32_t sfa_bytes = !kBulkA || (kPair && m0 >= p.m)
+                                       ? 0u
+                                       : static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16);
         for (int lap = 0; lap < laps; ++lap, ++lap_count) {
           const uint32_t free_parity = (lap_count & 1u) ^ 1u;
 #pragma unroll
@@ -329,9 +352,18 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
             if (kb < num_kb) {
               ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + L::kStageB + sfa_bytes);
               ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
-              ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, b_row0);
+              if constexpr (kPair) {
+                // This CTA's 64-row half of B into both CTAs (tma_b's box: 64 rows); the peer loads the other half.
+                constexpr int kHalfB = kLeanBlockN / 2;
+                const int rank = static_cast<int>(cta_rank());
+                ptx::tma_load_2d_multicast(smem_b + s * L::kStageB + rank * kHalfB * kGemmBlockK, &tma_b, &full[s],
+                                           kb * kGemmBlockK, b_row0 + rank * kHalfB, 0x3);
+              } else {
+                ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, b_row0);
+              }
               if constexpr (kBulkA)
-                ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
+                if (!kPair || sfa_bytes > 0)
+                  ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
             } else {
               ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
             }
@@ -339,6 +371,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         }
       }
     }
+    if constexpr (kPair) ptx::cluster_sync();  // with every thread of both CTAs, before this one leaves
     return;
   }
 
@@ -363,7 +396,15 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   float acc[64];
   float total[64 * L::kHalves];
   uint32_t lap_count = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+  // A stage's release: this thread's arrival, and with kPair the warp's on the peer's barrier (after every lane's).
+  auto release = [empty, lane, cta_rank](int s) {
+    ptx::mbar_arrive(&empty[s]);
+    if constexpr (kPair) {
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive_cluster(&empty[s], cta_rank() ^ 1u);
+    }
+  };
+  for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
     const Tile tile = tile_of(t);
     const int m0 = tile.m0, n0 = tile.n0;
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
@@ -444,7 +485,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc);
-        if (half == L::kHalves - 1) ptx::mbar_arrive(&empty[s]);
+        if (half == L::kHalves - 1) release(s);
         float* tot = total + 64 * half;
 #pragma unroll
         for (int c = 0; c < kLeanBlockN / 8; ++c) {
@@ -465,7 +506,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         for (int s = 0; s < left; ++s) k_block(s, lap * S + s, parity);
         for (int s = left; s < S; ++s) {  // the pad stages
           ptx::mbar_wait(&full[s], parity);
-          ptx::mbar_arrive(&empty[s]);
+          release(s);
         }
       }
     }
@@ -580,6 +621,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   }
   if constexpr (!kGrouped)
     if (wtid == 0) ptx::bulk_wait_group<0>();  // the last stores have read shared memory before the CTA leaves
+  if constexpr (kPair) {
+    __syncwarp();
+    ptx::cluster_sync();  // no CTA leaves while its peer may still multicast into it or arrive on its barriers
+  }
 #else
   if (threadIdx.x == 0) printf("finegemm: the lean GEMM kernels need an sm_90a GPU\n");
   __trap();
@@ -588,12 +633,14 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 
 // The dense lean kernel: tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block
 // t / num_m_blocks.
-template <int BLOCK_M, int kStages, bool kAScale>
+// kPair: 2-CTA clusters sharing B (lean_gemm_body); num_tiles then counts the pairs' tiles.
+template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {}, LeanFp4B{});
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, false, kPair>(tma_a, tma_b, tma_out, p, num_m_blocks,
+                                                                        num_tiles, {}, LeanFp4B{});
 }
 
 // The grouped lean kernel (the MoE Store GEMM; FINEGEMM_GROUPED_LEAN, off until measured): the scheduler's tiles over

@@ -53,6 +53,9 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 // (choose_gemm_config) to be faster, else 128 or 256, whichever it expects faster.
 inline constexpr int kLeanMinM = 128;
 int lean_gemm_block_m(const GemmParams& p, int num_sms);
+// FINEGEMM_GEMM_LEAN_PAIR: whether the dense lean kernel runs in 2-CTA clusters sharing B ("1"; unset or "0": not).
+// Anything else throws, naming the variable and the value.
+bool lean_pair_wanted();
 // How many lean-kernel launches this process has made (tests check that the switch took the lean kernel).
 long long lean_gemm_launches();
 

@@ -3,6 +3,8 @@
 // 192x128 (not yet measured), =256 256x128. Also the grouped mode's launch (FINEGEMM_GROUPED_LEAN, off).
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/kernels/sm90_fp8_gemm_lean.cuh"
 #include "cuda/runtime/gemm_launch.cuh"
@@ -26,22 +28,52 @@ int lean_smem_bytes(int block_m, int stages, int num_kb) {
 }
 
 
-template <int BLOCK_M, int kStages, bool kAScale>
+
+template <int BLOCK_M, int kStages, bool kAScale, bool kPair>
 void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
                  cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale>;
+  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kPair>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, BLOCK_M);
-  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, kLeanBlockN);
+  // kPair: each CTA of a pair loads one 64-row half of the B tile.
+  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, kPair ? kLeanBlockN / 2 : kLeanBlockN);
   const CUtensorMap tma_out = make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64);
   const int num_m_blocks = ceil_div(p.m, BLOCK_M);
-  const int64_t tiles = int64_t{num_m_blocks} * ceil_div(p.n, kLeanBlockN);
+  // kPair: the pairs' tiles (row-block pairs by column blocks).
+  const int64_t tiles = int64_t{kPair ? (num_m_blocks + 1) / 2 : num_m_blocks} * ceil_div(p.n, kLeanBlockN);
   if (tiles > INT32_MAX) throw Error("lean gemm: " + std::to_string(tiles) + " tiles, more than one grid takes");
   const int smem = L::smem_bytes(p.k / kGemmBlockK);
-  const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
-  kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
+  if constexpr (kPair) {
+    // As many clusters as fit at once (an SM pair must sit in one GPC; gemm_launch.cuh's launch_kernel), never more
+    // than the tiles: the kernel is persistent.
+    static std::atomic<int> max_clusters[kMaxDevices] = {};
+    const int slot = device < kMaxDevices ? device : 0;
+    int clusters = max_clusters[slot].load(std::memory_order_relaxed);
+    if (clusters == 0) {
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 2;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(2 * (num_sms_of_device(device) / 2));
+      config.blockDim = dim3(L::kThreads);
+      config.dynamicSmemBytes = static_cast<size_t>(smem);
+      config.attrs = attr;
+      config.numAttrs = 1;
+      FG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+      if (clusters <= 0) throw Error(ErrorKind::Runtime, "lean gemm: no cluster of 2 CTAs fits on this device");
+      max_clusters[slot].store(clusters);
+    }
+    const int grid_clusters = static_cast<int>(std::min<int64_t>(tiles, clusters));
+    launch_ex(false, 2, kernel, dim3(2 * grid_clusters), dim3(L::kThreads), static_cast<size_t>(smem), stream, tma_a,
+              tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
+  } else {
+    const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
+    kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
+  }
   FG_CUDA_CHECK(cudaGetLastError());
   lean_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
@@ -128,6 +160,16 @@ void launch_sm90_fp8_grouped_lean(const void* a, int64_t lda, const void* b, int
   else launch(std::false_type{});
 }
 
+// FINEGEMM_GEMM_LEAN_PAIR: 1 runs the dense lean kernel in 2-CTA clusters sharing B (lean_gemm_body's kPair, stop 40,
+// not yet measured); unset or 0 not.
+bool lean_pair_wanted() {
+  const char* env = std::getenv("FINEGEMM_GEMM_LEAN_PAIR");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("FINEGEMM_GEMM_LEAN_PAIR: expected 0 or 1 (2-CTA clusters sharing B in the lean kernel), got '" + v + "'");
+}
+
 long long grouped_lean_launches() { return grouped_lean_launch_count.load(std::memory_order_relaxed); }
 
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
@@ -151,15 +193,21 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream) {
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
-  auto launch = [&](auto a_scale) {
-    constexpr bool kA = decltype(a_scale)::value;
-    if (block_m == 256) launch_lean<256, 3, kA>(a, lda, b, ldb, p, device, stream);
-    else if (block_m == 192) launch_lean<192, 4, kA>(a, lda, b, ldb, p, device, stream);
-    else if (stages == 5) launch_lean<128, 5, kA>(a, lda, b, ldb, p, device, stream);
-    else launch_lean<128, 4, kA>(a, lda, b, ldb, p, device, stream);
+  auto launch = [&](auto a_scale, auto pair) {
+    constexpr bool kA = decltype(a_scale)::value, kP = decltype(pair)::value;
+    if (block_m == 256) launch_lean<256, 3, kA, kP>(a, lda, b, ldb, p, device, stream);
+    else if (block_m == 192) launch_lean<192, 4, kA, kP>(a, lda, b, ldb, p, device, stream);
+    else if (stages == 5) launch_lean<128, 5, kA, kP>(a, lda, b, ldb, p, device, stream);
+    else launch_lean<128, 4, kA, kP>(a, lda, b, ldb, p, device, stream);
   };
-  if (p.a_scale != nullptr) launch(std::true_type{});
-  else launch(std::false_type{});
+  const bool pair = lean_pair_wanted();
+  if (p.a_scale != nullptr) {
+    if (pair) launch(std::true_type{}, std::true_type{});
+    else launch(std::true_type{}, std::false_type{});
+  } else {
+    if (pair) launch(std::false_type{}, std::true_type{});
+    else launch(std::false_type{}, std::false_type{});
+  }
 }
 
 // A cost model fitted to stop 36's A/B (H200, 21 prefill shapes, M = 128/512/4096, FINEGEMM_GEMM_LEAN=0/1/256): each
@@ -174,7 +222,7 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 // lean 128 / 192 / 256): M = 4096 N = 2112 K = 7168 112.8 / 114.9 / 97.6 / 125.6 µs, N = 576 K = 7168 35.4 / 48.1 /
 // 31.5 / 41.1, both now 192. Where 192 and 256 rows tie in the model, 256: at N = 24576 K = 1536 192 rows took
 // 255 / 260 / 254 / 268 µs in four runs against 253 / 253 at 256; at N = 32768 K = 512 the other way (166 / 158 / 167
-// against 171 / 169), a 2-5% loss left there. At M = 512 192 rows never won.
+// against 171 / 169), which the pad stages' cost (below) now settles for 192. At M = 512 192 rows never won.
 int lean_gemm_block_m(const GemmParams& p, int num_sms) {
   if (p.m < kLeanMinM || num_sms <= 0 || p.k < kGemmBlockK) return 0;
   const double kb = static_cast<double>(p.k) / kGemmBlockK;
