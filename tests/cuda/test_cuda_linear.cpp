@@ -684,44 +684,35 @@ TEST(GemmConfig, Fp4LeanSwitch) {
   }
 }
 
-// FINEGEMM_GEMM_LEAN_PAIR (host code): unset and "0" off, "1" on; anything else is an error naming the variable and
-// the value.
-TEST(GemmConfig, LeanPairSwitch) {
-  for (const auto& [value, want] : {std::pair{"", false}, {"0", false}, {"1", true}}) {
-    const ScopedEnv env("FINEGEMM_GEMM_LEAN_PAIR", value);
-    EXPECT_EQ(cuda::lean_pair_wanted(), want) << "'" << value << "'";
+// A boolean switch read by `read` (host code): each accepted value gives its setting; anything else is an error naming
+// the variable and the value.
+template <typename Read>
+void check_bool_switch(const char* name, std::initializer_list<std::pair<const char*, bool>> accepted,
+                       std::initializer_list<const char*> rejected, Read read) {
+  for (const auto& [value, want] : accepted) {
+    const ScopedEnv env(name, value);
+    EXPECT_EQ(read(), want) << name << "='" << value << "'";
   }
-  for (const char* bad : {"2", "yes", "on"}) {
-    const ScopedEnv env("FINEGEMM_GEMM_LEAN_PAIR", bad);
+  for (const char* bad : rejected) {
+    const ScopedEnv env(name, bad);
     try {
-      (void)cuda::lean_pair_wanted();
-      ADD_FAILURE() << "FINEGEMM_GEMM_LEAN_PAIR=" << bad << " was accepted";
+      (void)read();
+      ADD_FAILURE() << name << "=" << bad << " was accepted";
     } catch (const Error& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("FINEGEMM_GEMM_LEAN_PAIR"), std::string::npos) << what;
+      EXPECT_NE(what.find(name), std::string::npos) << what;
       EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
     }
   }
 }
 
-// FINEGEMM_FP4_LEAN_EXPAND (host code): unset and "serial" keep the serial expansion, "batched" batches; anything else
-// is an error naming the variable and the value.
-TEST(GemmConfig, Fp4LeanExpandSwitch) {
-  for (const auto& [value, want] : {std::pair{"", false}, {"serial", false}, {"batched", true}}) {
-    const ScopedEnv env("FINEGEMM_FP4_LEAN_EXPAND", value);
-    EXPECT_EQ(cuda::fp4_lean_batched(), want) << "'" << value << "'";
-  }
-  for (const char* bad : {"1", "Batched", "ilp"}) {
-    const ScopedEnv env("FINEGEMM_FP4_LEAN_EXPAND", bad);
-    try {
-      (void)cuda::fp4_lean_batched();
-      ADD_FAILURE() << "FINEGEMM_FP4_LEAN_EXPAND=" << bad << " was accepted";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("FINEGEMM_FP4_LEAN_EXPAND"), std::string::npos) << what;
-      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
-    }
-  }
+// FINEGEMM_GEMM_LEAN_PAIR: unset and "0" off, "1" on. FINEGEMM_FP4_LEAN_EXPAND: unset and "serial" keep the serial
+// expansion, "batched" batches.
+TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
+  check_bool_switch("FINEGEMM_GEMM_LEAN_PAIR", {{"", false}, {"0", false}, {"1", true}}, {"2", "yes", "on"},
+                    [] { return cuda::lean_pair_wanted(); });
+  check_bool_switch("FINEGEMM_FP4_LEAN_EXPAND", {{"", false}, {"serial", false}, {"batched", true}},
+                    {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_batched(); });
 }
 
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of
