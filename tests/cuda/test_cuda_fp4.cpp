@@ -606,9 +606,23 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
   const auto th = spread_histogram(tiles);
   ASSERT_EQ(keys(th), (std::set<int>{0, 1, 7, 8}));
   check_exact(target(), gpu(), "fold spreads 0/1/7/8 shared per tile, expanded weights (tile scales)", tiles);
+  // The same through the gated lean kernel (FINEGEMM_FP4_EXPAND_LEAN=1, forced to 128-row tiles): 16-bit output,
+  // static or group-128 activations (M-major scales from linear() above M = 64), M = 200 and 300 (two and three row
+  // blocks, N = 208 two column blocks).
+  const std::vector<ActKind> lean_acts = {ActKind::Static, ActKind::Group128Pow2};
+  auto check_gated_lean = [&](const std::string& what, const Fp4Matrix& w) {
+    const ScopedEnv lean("FINEGEMM_GEMM_LEAN", "1"), gated("FINEGEMM_FP4_EXPAND_LEAN", "1");
+    const long long before = cuda::lean_gemm_launches();
+    check_exact(target(), gpu(), what + ", gated lean kernel", w, {200, 300}, {ScaleKind::UE8M0}, lean_acts,
+                {DType::BF16});
+    EXPECT_GT(cuda::lean_gemm_launches(), before) << what << ": the gated lean kernel was never launched";
+  };
+  check_gated_lean("fold spreads 0/1/7/8 shared per tile, expanded weights (tile scales)", tiles);
   for (int64_t g = 12; g < 16; ++g) tiles.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile
   ASSERT_EQ(tiles.spread(150, 3), 8);
   check_exact(target(), gpu(), "tile of spread 9, expanded weights (row scales)", tiles);
+  // There the gated lean kernel's launches leave at their gate and the row-scale GEMM serves.
+  check_gated_lean("tile of spread 9, expanded weights (row scales)", tiles);
 }
 
 // The lean kernel that expands FP4 weights in its producer warpgroup (FINEGEMM_FP4_LEAN=1, sm90_fp8_gemm_lean.cuh

@@ -707,12 +707,14 @@ void check_bool_switch(const char* name, std::initializer_list<std::pair<const c
 }
 
 // FINEGEMM_GEMM_LEAN_PAIR: unset and "0" off, "1" on. FINEGEMM_FP4_LEAN_EXPAND: unset and "serial" keep the serial
-// expansion, "batched" batches.
+// expansion, "batched" batches. FINEGEMM_FP4_EXPAND_LEAN: unset and "0" off, "1" on.
 TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
   check_bool_switch("FINEGEMM_GEMM_LEAN_PAIR", {{"", false}, {"0", false}, {"1", true}}, {"2", "yes", "on"},
                     [] { return cuda::lean_pair_wanted(); });
   check_bool_switch("FINEGEMM_FP4_LEAN_EXPAND", {{"", false}, {"serial", false}, {"batched", true}},
                     {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_batched(); });
+  check_bool_switch("FINEGEMM_FP4_EXPAND_LEAN", {{"", false}, {"0", false}, {"1", true}}, {"2", "lean"},
+                    [] { return cuda::fp4_expand_lean_wanted(); });
 }
 
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of

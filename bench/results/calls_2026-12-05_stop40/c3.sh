@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Stop 40, call 3 (stop 37's next_c3.sh; carry [".snap"] after scripts/pack-prebuilt): the whole GPU test suite and the
-# sanitizers (not run since stop 36; ScopedEnv's end-of-scope change, the FP4 lean default, the batched expansion and the
-# crafted-spread bar all land in it).
+# Stop 40, call 3 (carry [".snap"] after scripts/pack-prebuilt; ~4 min): the dense decode A/B of the in-kernel split-K
+# finish (FINEGEMM_DECODE_SPLIT_FINISH=1, stop 37; same bits on the H200, never timed dense) over issue 3's seven
+# shapes at M = 1/16/64, E4M3 and FP4, graph replay; then ncu on the decode kernels of the two shapes furthest from
+# the bars (N = 4096 K = 7168 E4M3 at 2.32 TB/s against 3.0; FP4 N = 7168 K = 16384 at 36.8 us against ~22).
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
 el() { echo "($(( $(date +%s) - s0 )) s)"; }
-echo "== gpu-check test"
-OUT=$W/test GPU_CHECK_DEADLINE=320 timeout 330 scripts/gpu-check test >$W/test.log 2>&1
-echo "rc=$? $(el)"; tail -13 $W/test.log
-grep -hE "^\[  FAILED|Failure|Which is|Expected" $W/test/*.log 2>/dev/null | head -12
-echo "== gpu-check sanitize $(el)"
-left=$(( 560 - ($(date +%s) - s0) ))
-OUT=$W/san GPU_CHECK_DEADLINE=$(( left - 10 )) timeout $left scripts/gpu-check sanitize >$W/san.log 2>&1
-echo "rc=$? $(el)"; grep -E "compute-sanitizer" $W/san.log | tail -30
+show() { python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l); print("  %-20s M=%-3d N=%-6d K=%-6d %-32s graph=%8.2f us %6.2f TB/s rel=%.2e" % (r["variant"], r["m"], r["n"], r["k"], (r["env"] or "default"), r["us_graph"] or 0, (r.get("gbps") or 0) / 1000, r["rel_err"]))
+' $1; }
+for s in 7168:16384 4096:7168 2112:7168 576:7168 24576:1536 32768:512 7168:2048; do
+  timeout 45 $B/bench/bench_cuda_linear --m 1,16,64 --nk $s --variants block-fp32-dynamic,mxfp4-group32 --envs ";FINEGEMM_DECODE_SPLIT_FINISH=1" >$W/dec_${s/:/_}.jsonl 2>$W/dec_${s/:/_}.err
+  echo "-- $s $(el)"; show $W/dec_${s/:/_}.jsonl
+done
+OUT=$W/prof PROFILE_SHAPES="1:4096:7168 1:7168:16384:mxfp4-group128" timeout 200 scripts/gpu-check profile >$W/prof.log 2>&1
+echo "profile rc=$? $(el)"; tail -30 $W/prof.log
 cd $OUT && tar czf all.tgz w && rm -rf w
 echo "total $(( $(date +%s) - s0 )) s"

@@ -115,8 +115,12 @@ __device__ __forceinline__ void lean_sts128(uint32_t addr, const uint32_t (&v)[4
 // (their lane 0 arrives remotely once the warp is done with the stage), and every thread of both CTAs passes a cluster
 // barrier after the barriers' initialisation and before it leaves. Per 256x128 tile and K block: 32 KB of A and 8 KB
 // of B from L2 instead of 16 KB (M = 4096 N = 4096 K = 7168: 1382 TFLOP/s, ~48 KB per 8.4 MFLOP, near the L2's rate).
+// kGated (dense E4M3, not paired; stop 40, written without a GPU): the launch runs only where *p.gate matches (the
+// E4M3 GEMM on FP4 weights expanded with one scale per 128x128 tile, which the fold scan gates; see Fp4Expansion):
+// elsewhere the whole CTA leaves at once, as the kFp4B kernels do. FINEGEMM_FP4_EXPAND_LEAN=1 sends the expanded FP4
+// prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, bool kBatched = false,
-          bool kPair = false>
+          bool kPair = false, bool kGated = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -133,7 +137,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(kProducerRegs + L::kWGs * kConsumerRegs <= (65536 / L::kThreads) / 8 * 8 * (L::kWGs + 1),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static_assert(!kPair || (!kGrouped && !kFp4B), "kPair: the dense E4M3 lean kernel only");
-  if constexpr (kFp4B) {
+  static_assert(!kGated || (!kGrouped && !kFp4B && !kPair), "kGated: the dense E4M3 lean kernel, not paired");
+  if constexpr (kFp4B || kGated) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
     if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
   }
@@ -633,14 +638,15 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 
 // The dense lean kernel: tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block
 // t / num_m_blocks.
-// kPair: 2-CTA clusters sharing B (lean_gemm_body); num_tiles then counts the pairs' tiles.
-template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false>
+// kPair: 2-CTA clusters sharing B (lean_gemm_body); num_tiles then counts the pairs' tiles. kGated: the launch runs
+// only where *p.gate matches.
+template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false, bool kGated = false>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, false, kPair>(tma_a, tma_b, tma_out, p, num_m_blocks,
-                                                                        num_tiles, {}, LeanFp4B{});
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, false, kPair, kGated>(tma_a, tma_b, tma_out, p, num_m_blocks,
+                                                                                num_tiles, {}, LeanFp4B{});
 }
 
 // The grouped lean kernel (the MoE Store GEMM; FINEGEMM_GROUPED_LEAN, off until measured): the scheduler's tiles over

@@ -56,6 +56,9 @@ int lean_gemm_block_m(const GemmParams& p, int num_sms);
 // FINEGEMM_GEMM_LEAN_PAIR: whether the dense lean kernel runs in 2-CTA clusters sharing B ("1"; unset or "0": not).
 // Anything else throws, naming the variable and the value.
 bool lean_pair_wanted();
+// FINEGEMM_FP4_EXPAND_LEAN: whether the gated lean kernel serves the expanded FP4 prefill's E4M3 GEMM ("1"; unset or
+// "0": the general kernel). Anything else throws, naming the variable and the value.
+bool fp4_expand_lean_wanted();
 // How many lean-kernel launches this process has made (tests check that the switch took the lean kernel).
 long long lean_gemm_launches();
 
