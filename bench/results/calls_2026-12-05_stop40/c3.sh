@@ -15,7 +15,7 @@ for l in open(sys.argv[1]):
         r = json.loads(l); print("  %-20s M=%-3d N=%-6d K=%-6d %-32s graph=%8.2f us %6.2f TB/s rel=%.2e" % (r["variant"], r["m"], r["n"], r["k"], (r["env"] or "default"), r["us_graph"] or 0, (r.get("gbps") or 0) / 1000, r["rel_err"]))
 ' $1; }
 for s in 7168:16384 4096:7168 2112:7168 576:7168 24576:1536 32768:512 7168:2048; do
-  timeout 30 $B/bench/bench_cuda_linear --m 1,16,64 --nk $s --variants block-fp32-dynamic,mxfp4-group32 --envs ";FINEGEMM_DECODE_SPLIT_FINISH=1" >$W/dec_${s/:/_}.jsonl 2>$W/dec_${s/:/_}.err
+  timeout 45 $B/bench/bench_cuda_linear --m 1,16,64 --nk $s --variants block-fp32-dynamic,mxfp4-group32 --envs ";FINEGEMM_DECODE_SPLIT_FINISH=1" >$W/dec_${s/:/_}.jsonl 2>$W/dec_${s/:/_}.err
   echo "-- $s $(el)"; show $W/dec_${s/:/_}.jsonl
 done
 # The grouped lean kernel (FINEGEMM_GROUPED_LEAN, off) at T = 16384 (512 rows per expert: where the dense lean kernel's
