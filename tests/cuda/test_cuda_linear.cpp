@@ -684,11 +684,11 @@ TEST(GemmConfig, Fp4LeanSwitch) {
   }
 }
 
-// A boolean switch read by `read` (host code): each accepted value gives its setting; anything else is an error naming
-// the variable and the value.
-template <typename Read>
-void check_bool_switch(const char* name, std::initializer_list<std::pair<const char*, bool>> accepted,
-                       std::initializer_list<const char*> rejected, Read read) {
+// A switch read by `read` (host code): each accepted value gives its setting; anything else is an error naming the
+// variable and the value.
+template <typename T, typename Read>
+void check_switch(const char* name, std::initializer_list<std::pair<const char*, T>> accepted,
+                  std::initializer_list<const char*> rejected, Read read) {
   for (const auto& [value, want] : accepted) {
     const ScopedEnv env(name, value);
     EXPECT_EQ(read(), want) << name << "='" << value << "'";
@@ -707,14 +707,15 @@ void check_bool_switch(const char* name, std::initializer_list<std::pair<const c
 }
 
 // FINEGEMM_GEMM_LEAN_PAIR: unset and "0" off, "1" on. FINEGEMM_FP4_LEAN_EXPAND: unset and "serial" keep the serial
-// expansion, "batched" batches. FINEGEMM_FP4_EXPAND_LEAN: unset and "0" off, "1" on.
+// expansion, "batched" batches, "split" takes two producer warpgroups. FINEGEMM_FP4_EXPAND_LEAN: unset and "0" off,
+// "1" on.
 TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
-  check_bool_switch("FINEGEMM_GEMM_LEAN_PAIR", {{"", false}, {"0", false}, {"1", true}}, {"2", "yes", "on"},
-                    [] { return cuda::lean_pair_wanted(); });
-  check_bool_switch("FINEGEMM_FP4_LEAN_EXPAND", {{"", false}, {"serial", false}, {"batched", true}},
-                    {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_batched(); });
-  check_bool_switch("FINEGEMM_FP4_EXPAND_LEAN", {{"", false}, {"0", false}, {"1", true}}, {"2", "lean"},
-                    [] { return cuda::fp4_expand_lean_wanted(); });
+  check_switch<bool>("FINEGEMM_GEMM_LEAN_PAIR", {{"", false}, {"0", false}, {"1", true}}, {"2", "yes", "on"},
+                     [] { return cuda::lean_pair_wanted(); });
+  check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND", {{"", 0}, {"serial", 0}, {"batched", 1}, {"split", 2}},
+                    {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_expand_mode(); });
+  check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", false}, {"0", false}, {"1", true}}, {"2", "lean"},
+                     [] { return cuda::fp4_expand_lean_wanted(); });
 }
 
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of

@@ -95,18 +95,35 @@ __device__ __forceinline__ void lean_sts128(uint32_t addr, const uint32_t (&v)[4
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
 }
 
+// One MX group j of a producer's row: its loaded chunk `in` through the table row `tab` into E4M3 chunks 2j and 2j + 1
+// of the row at `e4m3_at` (lean_fp4_e4m3_row's term plus the stage's base).
+__device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], uint2 tab, uint32_t e4m3_at, int j) {
+  uint32_t lo[4], hi[4];
+  e2m1x8_to_e4m3x8(in[0], tab.x, tab.y, lo[0], lo[1]);
+  e2m1x8_to_e4m3x8(in[1], tab.x, tab.y, lo[2], lo[3]);
+  e2m1x8_to_e4m3x8(in[2], tab.x, tab.y, hi[0], hi[1]);
+  e2m1x8_to_e4m3x8(in[3], tab.x, tab.y, hi[2], hi[3]);
+  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j) << 4), lo);
+  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
+}
+
 // The body of both lean kernels. Dense (kGrouped false): tiles t = blockIdx.x, + gridDim.x, ...: row block
 // t % num_m_blocks, column block t / num_m_blocks; A scales M-major by the bulk copy; the epilogue through shared memory
 // and TMA stores. Grouped (the MoE Store GEMM): the GroupedScheduler's tiles over each expert's rows (a tile's rows past
 // its expert's end are computed and dropped), the expert's B rows and scales, A scales row-major read by each consumer
 // thread for its two rows, and the epilogue stored from registers with the expert's bias, the row mask and the routing
 // weights.
-// kBatched (kFp4B only; FINEGEMM_FP4_LEAN_EXPAND=batched, stop 40, written without a GPU, off until measured): each
+// kExpand (kFp4B only): the producers' expansion. 0: serial (below); 1, kBatched (FINEGEMM_FP4_LEAN_EXPAND=batched,
+// stop 40, written without a GPU, off until measured): each
 // producer thread loads its row's four fold-table rows and four packed chunks before it expands any, so that their
 // shared-memory latencies overlap (the serial order waits out one load per group: ncu had 17% of the producers' samples
 // on shared loads and 27% on fixed-latency dependencies), and the TMA thread keeps the packed ring kRawStages - 2
 // items ahead instead of kRawStages - 1, so that its wait for a free slot is for the item before last, which every
-// producer thread has usually left (at one ahead more, warp 0 waited for the slowest warp's previous item).
+// producer thread has usually left (at one ahead more, warp 0 waited for the slowest warp's previous item). 2 (split,
+// FINEGEMM_FP4_LEAN_EXPAND=split, 128-row tiles only; stop 40, not yet run): two producer warpgroups (512 threads),
+// thread e expanding row e % 128's MX groups 2·(e / 128) and 2·(e / 128) + 1, batched: two warps per scheduler instead
+// of one and half the work per thread, for the latency the serial producers could not hide; the consumers keep 200
+// registers and the producers 56 (2 x 200 + 2 x 56 = 512 = 4 x 128).
 // kPair (dense E4M3 only; FINEGEMM_GEMM_LEAN_PAIR=1, stop 40, written without a GPU, off until measured): 2-CTA
 // clusters over vertically adjacent tiles of one column block, sharing B: each CTA loads its A tile and one 64-row half
 // of the B tile, multicast into both CTAs (the general kernel's kCluster = 2). The pair walks its tiles in lockstep
@@ -119,7 +136,7 @@ __device__ __forceinline__ void lean_sts128(uint32_t addr, const uint32_t (&v)[4
 // E4M3 GEMM on FP4 weights expanded with one scale per 128x128 tile, which the fold scan gates; see Fp4Expansion):
 // elsewhere the whole CTA leaves at once, as the kFp4B kernels do. FINEGEMM_FP4_EXPAND_LEAN=1 sends the expanded FP4
 // prefill there instead of the general kernel (off until measured).
-template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, bool kBatched = false,
+template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
           bool kPair = false, bool kGated = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
@@ -131,10 +148,17 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   constexpr int S = L::kStages;
   // kFp4B at 128 rows: 56 registers for the expanding producers (at 40 they spilled), 224 for the consumers, whose
   // one 64-row pass needs far fewer; 256-row consumers need their 232 (228 used), so the producers keep 40 there.
-  // kBatched at 128 rows: 64 and 216 (at 56 the batch spilled: 24 bytes of stores, 60 of loads, dense with A scales).
-  constexpr int kProducerRegs = kFp4B && BLOCK_M == 128 ? (kBatched ? 64 : 56) : L::kProducerRegs;
-  constexpr int kConsumerRegs = kFp4B && BLOCK_M == 128 ? (kBatched ? 216 : 224) : L::kConsumerRegs;
-  static_assert(kProducerRegs + L::kWGs * kConsumerRegs <= (65536 / L::kThreads) / 8 * 8 * (L::kWGs + 1),
+  constexpr bool kBatched = kExpand >= 1;
+  constexpr int kProducerWGs = kExpand == 2 ? 2 : 1;
+  constexpr int kThreadsTotal = L::kThreads + 128 * (kProducerWGs - 1);
+  static_assert(kExpand == 0 || kFp4B, "kExpand: FP4 weights only");
+  static_assert(kExpand != 2 || BLOCK_M == 128, "kExpand 2 (two producer warpgroups): 128-row tiles only");
+  // kBatched at 128 rows: 64 and 216 (at 56 the batch spilled: 24 bytes of stores, 60 of loads, dense with A scales);
+  // two producer warpgroups: 56 and 200.
+  constexpr int kProducerRegs = kFp4B && BLOCK_M == 128 ? (kExpand == 2 ? 56 : kBatched ? 64 : 56) : L::kProducerRegs;
+  constexpr int kConsumerRegs = kFp4B && BLOCK_M == 128 ? (kExpand == 2 ? 200 : kBatched ? 216 : 224) : L::kConsumerRegs;
+  static_assert(kProducerWGs * kProducerRegs + L::kWGs * kConsumerRegs <=
+                    (65536 / kThreadsTotal) / 8 * 8 * (L::kWGs + kProducerWGs),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static_assert(!kPair || (!kGrouped && !kFp4B), "kPair: the dense E4M3 lean kernel only");
   static_assert(!kGated || (!kGrouped && !kFp4B && !kPair), "kGated: the dense E4M3 lean kernel, not paired");
@@ -165,7 +189,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   auto tile_stride = [] { return kPair ? static_cast<int>(gridDim.x) / 2 : static_cast<int>(gridDim.x); };
   auto cta_rank = [] { return kPair ? ptx::cluster_ctarank() : 0u; };
   if constexpr (kGrouped) {
-    sched.prepare(empty + S, L::kThreads);  // its __syncthreads comes below
+    sched.prepare(empty + S, kThreadsTotal);  // its __syncthreads comes below
     __syncthreads();
     num_tiles = sched.num_tiles();
   }
@@ -188,14 +212,14 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       // kFp4B: every producer thread, after its row of the expanded B tile (the TMA thread adds A's bytes first).
-      ptx::mbar_init(&full[s], kFp4B ? 128 : 1);
+      ptx::mbar_init(&full[s], kFp4B ? 128 * kProducerWGs : 1);
       // Every consumer thread, after its last read of the stage; kPair: and the peer's consumer warps (lane 0 each).
       ptx::mbar_init(&empty[s], L::kConsumerThreads + (kPair ? L::kConsumerThreads / 32 : 0));
     }
     if constexpr (kFp4B) {
       for (int r = 0; r < L::kRawStages; ++r) {
         ptx::mbar_init(&packed_full[r], 1);      // the TMA thread's expect_tx and the packed tile's bytes
-        ptx::mbar_init(&packed_empty[r], 128);   // every producer thread, after its reads of the packed tile
+        ptx::mbar_init(&packed_empty[r], 128 * kProducerWGs);  // every producer thread, after its reads of the tile
       }
     }
     ptx::fence_barrier_init();
@@ -219,8 +243,11 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       constexpr int R = L::kRawStages;
       constexpr int kAhead = kBatched ? R - 2 : R - 1;  // packed tiles in flight ahead of the expansion
       constexpr bool kBulkA = kAScale && !kGrouped;
-      const int e = static_cast<int>(threadIdx.x) - L::kConsumerThreads;
-      const bool issuer = e == 0;
+      // Thread e's row of the B tile (e itself with one producer warpgroup) and, with two, its half of the row's groups.
+      const int e_all = static_cast<int>(threadIdx.x) - L::kConsumerThreads;
+      const int e = kProducerWGs == 2 ? e_all & 127 : e_all;
+      const int half = kProducerWGs == 2 ? e_all >> 7 : 0;
+      const bool issuer = e_all == 0;
       if (issuer) {
         ptx::prefetch_tensor_map(&tma_a);
         ptx::prefetch_tensor_map(&tma_b);
@@ -292,7 +319,20 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
               uint32_t packed_at = packed_row + slot * L::kStageRaw;
               uint32_t e4m3_at = e4m3_row + static_cast<uint32_t>(s * L::kStageB);
               asm volatile("" : "+r"(packed_at), "+r"(e4m3_at));
-              if constexpr (kBatched) {
+              if constexpr (kExpand == 2) {
+                // This thread's two groups of the row (2·half and 2·half + 1), loads first.
+                uint2 tab[2];
+                uint32_t in[2][4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                  const int j = 2 * half + i;
+                  tab[i] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
+                }
+#pragma unroll
+                for (int i = 0; i < 2; ++i) lean_lds128(packed_at ^ static_cast<uint32_t>((2 * half + i) << 4), in[i]);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) lean_fp4_expand_store(in[i], tab[i], e4m3_at, 2 * half + i);
+              } else if constexpr (kBatched) {
                 // Every load first (the tables: plain shared loads; the chunks: four volatile loads in a row), then
                 // each group's expansion and its two stores.
                 uint2 tab[4];
@@ -302,15 +342,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
                 for (int j = 0; j < 4; ++j) lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in[j]);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                  uint32_t lo[4], hi[4];
-                  e2m1x8_to_e4m3x8(in[j][0], tab[j].x, tab[j].y, lo[0], lo[1]);
-                  e2m1x8_to_e4m3x8(in[j][1], tab[j].x, tab[j].y, lo[2], lo[3]);
-                  e2m1x8_to_e4m3x8(in[j][2], tab[j].x, tab[j].y, hi[0], hi[1]);
-                  e2m1x8_to_e4m3x8(in[j][3], tab[j].x, tab[j].y, hi[2], hi[3]);
-                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j) << 4), lo);
-                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
-                }
+                for (int j = 0; j < 4; ++j) lean_fp4_expand_store(in[j], tab[j], e4m3_at, j);
               } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -645,7 +677,7 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, false, kPair, kGated>(tma_a, tma_b, tma_out, p, num_m_blocks,
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, 0, kPair, kGated>(tma_a, tma_b, tma_out, p, num_m_blocks,
                                                                                 num_tiles, {}, LeanFp4B{});
 }
 
@@ -661,22 +693,28 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
 // kFp4B (FINEGEMM_FP4_LEAN, off until measured): tma_b maps the packed weights ([rows, K / 2] bytes, 128 x 64-byte
 // boxes, 64-byte swizzle); p is the E4M3 view of the call (Fp4Expansion's tile scales as B scales, gated on the scan's
 // flags), fp4 the original scales and the scan's exponents.
-// kBatched: the producers' batched expansion (lean_gemm_body).
-template <int BLOCK_M, int kStages, bool kAScale, bool kBatched = false>
-__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
+// kExpand: the producers' expansion (lean_gemm_body): 0 serial, 1 batched, 2 two producer warpgroups (their launch
+// takes lean_fp4_threads(BLOCK_M, 2) threads).
+template <int BLOCK_M, int kStages>
+constexpr int lean_fp4_threads(int expand) {
+  return LeanGemm<BLOCK_M, kStages>::kThreads + (expand == 2 ? 128 : 0);
+}
+
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0>
+__global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1)
     sm90_fp4_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles, const LeanFp4B fp4) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false, true, kBatched>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {},
-                                                                   fp4);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, true, kExpand>(tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {},
+                                                                  fp4);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale, bool kBatched = false>
-__global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0>
+__global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1)
     sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
                                  const LeanFp4B fp4) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kBatched>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

@@ -166,9 +166,9 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
 // The tile height FINEGEMM_FP4_LEAN asks for: 0 (unset or 0: off); dense calls take 128 for any other value; grouped
 // calls take 128, 192 or 256 as given, and for 1 192 where the experts average 96 rows or more, else 128.
 int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group);
-// FINEGEMM_FP4_LEAN_EXPAND: whether the FP4 lean kernel's producers batch their loads ("batched"; unset or "serial":
-// not). Anything else throws, naming the variable and the value.
-bool fp4_lean_batched();
+// FINEGEMM_FP4_LEAN_EXPAND: the FP4 lean kernel's expansion: 0 serial (unset or "serial"), 1 "batched", 2 "split"
+// (two producer warpgroups). Anything else throws, naming the variable and the value.
+int fp4_lean_expand_mode();
 // How many FP4 lean launches this process has made (dense and grouped; tests check that the switch took them).
 long long lean_fp4_launches();
 

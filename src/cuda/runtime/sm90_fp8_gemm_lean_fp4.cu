@@ -52,11 +52,10 @@ CUtensorMap packed_map(const void* b, int64_t rows, int k, int64_t ldb) {
 }
 
 
-template <int BLOCK_M, int kStages, bool kAScale, bool kBatched>
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand>
 void launch_dense(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& q, const LeanFp4B& fp4,
                   int device, cudaStream_t stream) {
-  using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp4_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kBatched>;
+  auto kernel = sm90_fp4_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kExpand>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
@@ -66,17 +65,17 @@ void launch_dense(const void* a, int64_t lda, const void* b, int64_t ldb, const 
   const int64_t tiles = int64_t{num_m_blocks} * ceil_div(q.n, kLeanBlockN);
   if (tiles > INT32_MAX) throw Error("lean fp4 gemm: " + std::to_string(tiles) + " tiles, more than one grid takes");
   const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
-  kernel<<<grid, L::kThreads, fp4_smem<BLOCK_M, kStages>(false, q.k / kGemmBlockK), stream>>>(
-      tma_a, tma_b, tma_out, q, num_m_blocks, static_cast<int>(tiles), fp4);
+  kernel<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(false, q.k / kGemmBlockK),
+           stream>>>(tma_a, tma_b, tma_out, q, num_m_blocks, static_cast<int>(tiles), fp4);
   FG_CUDA_CHECK(cudaGetLastError());
   lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale, bool kBatched>
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand>
 void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                     const GemmParams& q, const LeanFp4B& fp4, int device, cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kBatched>;
+  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
@@ -88,8 +87,8 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
   sched.num_groups = layout.num_groups;
   sched.num_n_blocks = ceil_div(q.n, kLeanBlockN);
   sched.num_k_blocks = q.k / kGemmBlockK;
-  kernel<<<num_sms_of_device(device), L::kThreads, fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK), stream>>>(
-      tma_a, tma_b, q, sched, fp4);
+  kernel<<<num_sms_of_device(device), lean_fp4_threads<BLOCK_M, kStages>(kExpand),
+           fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK), stream>>>(tma_a, tma_b, q, sched, fp4);
   FG_CUDA_CHECK(cudaGetLastError());
   lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
@@ -119,36 +118,42 @@ bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups,
 
 void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& view,
                                const LeanFp4B& fp4, int device, cudaStream_t stream) {
-  const bool batched = fp4_lean_batched();
-  if (view.a_scale != nullptr) {
-    if (batched) launch_dense<128, kDenseFp4Stages, true, true>(a, lda, b, ldb, view, fp4, device, stream);
-    else launch_dense<128, kDenseFp4Stages, true, false>(a, lda, b, ldb, view, fp4, device, stream);
-  } else {
-    if (batched) launch_dense<128, kDenseFp4Stages, false, true>(a, lda, b, ldb, view, fp4, device, stream);
-    else launch_dense<128, kDenseFp4Stages, false, false>(a, lda, b, ldb, view, fp4, device, stream);
-  }
+  auto launch = [&](auto a_scale) {
+    constexpr bool kA = decltype(a_scale)::value;
+    switch (fp4_lean_expand_mode()) {
+      case 2: launch_dense<128, kDenseFp4Stages, kA, 2>(a, lda, b, ldb, view, fp4, device, stream); break;
+      case 1: launch_dense<128, kDenseFp4Stages, kA, 1>(a, lda, b, ldb, view, fp4, device, stream); break;
+      default: launch_dense<128, kDenseFp4Stages, kA, 0>(a, lda, b, ldb, view, fp4, device, stream);
+    }
+  };
+  if (view.a_scale != nullptr) launch(std::true_type{});
+  else launch(std::false_type{});
 }
 
 void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                                   const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
                                   cudaStream_t stream) {
   const int stages = lean_stages(block_m, view.k / kGemmBlockK);
-  auto launch = [&](auto a_scale, auto batched) {
-    constexpr bool kA = decltype(a_scale)::value, kB = decltype(batched)::value;
-    if (block_m == 256) launch_grouped<256, 3, kA, false>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    // 192 rows without A scales: the batch spilled (4 bytes of stores, 52 of loads): serial there.
-    else if (block_m == 192) launch_grouped<192, 4, kA, kA && kB>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    else if (stages == 5) launch_grouped<128, 5, kA, kB>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    else launch_grouped<128, 4, kA, kB>(a, lda, b, ldb, layout, view, fp4, device, stream);
+  // The expansion mode per height: 128 rows any; 192 rows batched with A scales (without them the batch spilled: 4
+  // bytes of stores, 52 of loads), else serial, also for split (two producer warpgroups: 128 rows only); 256 serial.
+  auto launch = [&](auto a_scale, auto expand) {
+    constexpr bool kA = decltype(a_scale)::value;
+    constexpr int kE = decltype(expand)::value;
+    constexpr int kE192 = kA && kE >= 1 ? 1 : 0;
+    if (block_m == 256) launch_grouped<256, 3, kA, 0>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else if (block_m == 192) launch_grouped<192, 4, kA, kE192>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else if (stages == 5) launch_grouped<128, 5, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else launch_grouped<128, 4, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
   };
-  const bool batched = fp4_lean_batched();
-  if (view.a_scale != nullptr) {
-    if (batched) launch(std::true_type{}, std::true_type{});
-    else launch(std::true_type{}, std::false_type{});
-  } else {
-    if (batched) launch(std::false_type{}, std::true_type{});
-    else launch(std::false_type{}, std::false_type{});
-  }
+  auto with_mode = [&](auto a_scale) {
+    switch (fp4_lean_expand_mode()) {
+      case 2: launch(a_scale, std::integral_constant<int, 2>{}); break;
+      case 1: launch(a_scale, std::integral_constant<int, 1>{}); break;
+      default: launch(a_scale, std::integral_constant<int, 0>{});
+    }
+  };
+  if (view.a_scale != nullptr) with_mode(std::true_type{});
+  else with_mode(std::false_type{});
 }
 
 int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
@@ -168,16 +173,18 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
   return std::stoi(v);
 }
 
-// FINEGEMM_FP4_LEAN_EXPAND: the producers' expansion order. Unset or "serial": one MX group at a time (the kernel
-// measured at stop 39); "batched": every load of a row's K block first (lean_gemm_body's kBatched, stop 40, not yet
-// measured), at 128 rows and at 192 with A scales (the 256-row producers keep 40 registers, too few for the batch,
-// and the 192-row ones without A scales spilled: serial there).
-bool fp4_lean_batched() {
+// FINEGEMM_FP4_LEAN_EXPAND: the producers' expansion. Unset or "serial": one MX group at a time (the kernel measured
+// at stop 39), 0; "batched": every load of a row's K block first (lean_gemm_body's kExpand 1, stop 40, not yet
+// measured), 1; "split": two producer warpgroups, each thread two groups of a row (kExpand 2, stop 40, not yet
+// measured; 128-row tiles: with FINEGEMM_FP4_LEAN=1 or 128), 2. Heights that cannot take a mode fall back
+// (launch_sm90_fp4_grouped_lean).
+int fp4_lean_expand_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN_EXPAND");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "serial") return false;
-  if (v == "batched") return true;
-  throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial or batched (the producers' expansion order), got '" + v + "'");
+  if (v.empty() || v == "serial") return 0;
+  if (v == "batched") return 1;
+  if (v == "split") return 2;
+  throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial, batched or split (the producers' expansion), got '" + v + "'");
 }
 
 long long lean_fp4_launches() { return lean_fp4_launch_count.load(std::memory_order_relaxed); }
