@@ -348,14 +348,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 for (int j = 0; j < 4; ++j) {
                   const int d = min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8);
                   const uint2 tab = fold_tab[d];
-                  uint32_t in[4], lo[4], hi[4];
+                  uint32_t in[4];
                   lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in);
-                  e2m1x8_to_e4m3x8(in[0], tab.x, tab.y, lo[0], lo[1]);
-                  e2m1x8_to_e4m3x8(in[1], tab.x, tab.y, lo[2], lo[3]);
-                  e2m1x8_to_e4m3x8(in[2], tab.x, tab.y, hi[0], hi[1]);
-                  e2m1x8_to_e4m3x8(in[3], tab.x, tab.y, hi[2], hi[3]);
-                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j) << 4), lo);
-                  lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
+                  lean_fp4_expand_store(in, tab, e4m3_at, j);
                 }
               }
               ptx::fence_proxy_async_shared();  // the expanded row, written by the generic proxy, for the wgmma
