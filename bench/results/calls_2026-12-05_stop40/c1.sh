@@ -2,13 +2,15 @@
 # Stop 40, call 1 (carry [".snap"] after scripts/pack-prebuilt; ~9 min): stop 40's kernels, written without a GPU, tested
 # first and then timed on the shapes that decide their bars.
 # (1) Tests, three programs at once under timeouts: test_cuda_fp4 '*Moe*:*Lean*:*ExactFoldSpreads*' (the FP4 lean
-#     kernel's serial and batched expansion, the gated lean kernel on expanded FP4 weights, the crafted-spread bar),
+#     kernel's serial, batched and split expansion, the gated lean kernel on expanded FP4 weights, the crafted-spread bar),
 #     test_cuda_linear LeanKernelSameBits (every height alone and in 2-CTA pairs; a timeout there may be a hang in the
 #     pairs' cluster barriers) and the MoE tests that reach the FP4 lean default (not run through the suite yet).
 # (2) Dense FP4 at M = 4096 N = 4096 K = 7168: expanded (default), expanded with the gated lean kernel
-#     (FINEGEMM_FP4_EXPAND_LEAN=1), lean FP4 serial and batched; the FP8 GEMM beside (issue 5's bar: 85% of it).
+#     (FINEGEMM_FP4_EXPAND_LEAN=1), lean FP4 serial, batched and split (two producer warpgroups); the FP8 GEMM beside
+#     (issue 5's bar: 85% of it).
 # (3) The paired lean kernel at M = 4096: N = 4096 K = 7168 (bar 1400 TFLOP/s), N = 32768 K = 512, N = 7168 K = 16384.
-# (4) DeepSeek-V3 FP4 layer at T = 4096: default, batched, the decode path (FINEGEMM_MOE_DECODE=1); the FP8 layer.
+# (4) DeepSeek-V3 FP4 layer at T = 4096: default (lean 192 serial), batched, 128-row split, the decode path
+#     (FINEGEMM_MOE_DECODE=1); the FP8 layer.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -25,9 +27,9 @@ for l in open(sys.argv[1]):
     if l.startswith("{"):
         r = json.loads(l); print("  %-18s M=%-5d N=%-6d K=%-6d %-50s graph=%8.2f us %6.0f TF/s rel=%.2e" % (r["variant"], r["m"], r["n"], r["k"], (r["env"] or "default"), r["us_graph"] or 0, r.get("tflops", 0) or 0, r["rel_err"]))
 ' $1; }
-timeout 90 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128 --envs "FINEGEMM_FP4_LEAN=0;FINEGEMM_FP4_EXPAND_LEAN=1;FINEGEMM_FP4_LEAN=1;FINEGEMM_FP4_LEAN=1,FINEGEMM_FP4_LEAN_EXPAND=batched" >$W/dense_fp4.jsonl 2>$W/dense_fp4.err
+timeout 90 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128 --envs "FINEGEMM_FP4_LEAN=0;FINEGEMM_FP4_EXPAND_LEAN=1;FINEGEMM_FP4_LEAN=1;FINEGEMM_FP4_LEAN=1,FINEGEMM_FP4_LEAN_EXPAND=batched;FINEGEMM_FP4_LEAN=1,FINEGEMM_FP4_LEAN_EXPAND=split" >$W/dense_fp4.jsonl 2>$W/dense_fp4.err
 timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,32768:512,7168:16384 --variants block-fp32-dynamic --envs ";FINEGEMM_GEMM_LEAN_PAIR=1" >$W/pair.jsonl 2>$W/pair.err
-echo "-- dense FP4 (expanded, + gated lean, lean serial, lean batched), FP8 default and paired $(el)"; show $W/dense_fp4.jsonl; show $W/pair.jsonl; tail -1 $W/dense_fp4.err $W/pair.err
+echo "-- dense FP4 (expanded, + gated lean, lean serial, batched, split), FP8 default and paired $(el)"; show $W/dense_fp4.jsonl; show $W/pair.jsonl; tail -1 $W/dense_fp4.err $W/pair.err
 showmoe() { grep -vE "^#|^$" $1 | python3 -c '
 import json, sys
 for l in sys.stdin:
@@ -35,7 +37,7 @@ for l in sys.stdin:
         r = json.loads(l); print("  %-14s %-22s T=%-5d check=%s rel=%.2e layer=%9.1f us gemm %6.1f TF" % (r["layer"], r["variant"], r["T"], r["check"], r["rel_err"], r["layer_us"], r["gemm_tflops"]))
     else: print(l.rstrip()[:200])'; }
 i=0
-for e in "" "FINEGEMM_FP4_LEAN_EXPAND=batched" "FINEGEMM_MOE_DECODE=1"; do
+for e in "" "FINEGEMM_FP4_LEAN_EXPAND=batched" "FINEGEMM_FP4_LEAN=128 FINEGEMM_FP4_LEAN_EXPAND=split" "FINEGEMM_MOE_DECODE=1"; do
   i=$((i+1)); env $e timeout 50 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ds_fp4_$i.log 2>&1
   echo "-- deepseek-v3 fp4 ${e:-default} $(el)"; showmoe $W/ds_fp4_$i.log
 done
