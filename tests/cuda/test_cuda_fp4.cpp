@@ -1336,7 +1336,29 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     double ref_norm = 0;
     for (int64_t i = 0; i < ref.numel(); ++i) ref_norm += std::fabs(testing::get(ref, i));
     EXPECT_GT(ref_norm, 0.0) << "self-check: the reference output is not all zero";
-    if (!gpu()) continue;
+    // FINEGEMM_HOPPER_MODEL_REPORT=1 (a diagnostic, CPU instance): the fold experts below drawn as the CUDA instance
+    // draws them (the same data at the same FINEGEMM_TEST_SEED and filter /cuda vs /cpu), and hopper_model_rel on them
+    // and on the mixed experts above printed: what Hopper's FP8 accumulation alone would give on this data.
+    if (!gpu()) {
+      if (std::getenv("FINEGEMM_HOPPER_MODEL_REPORT") != nullptr) {
+        std::printf("hopper model: %s, mixed experts: rel %.6e\n", v.name, hopper_model_rel(a, ref));
+        for (const bool shared_top : {false, true}) {
+          const ExpertWeights fold_gate_up = make_experts(experts, 2 * inter, hidden, v.kind, {}, {}, shared_top);
+          const ExpertWeights fold_down = make_experts(experts, hidden, inter, v.kind, {}, {}, shared_top);
+          MoeArgs f = a;
+          f.gate_up = fold_gate_up.weight;
+          f.gate_up_scale = fold_gate_up.scale;
+          f.down = fold_down.weight;
+          f.down_scale = fold_down.scale;
+          Buffer fold_ref(DType::F32, {tokens, hidden});
+          f.out = fold_ref;
+          moe_experts(f, {Backend::Reference});
+          std::printf("hopper model: %s, %s: rel %.6e\n", v.name,
+                      shared_top ? "every tile folds" : "every row block folds", hopper_model_rel(f, fold_ref));
+        }
+      }
+      continue;
+    }
 
     // The grouped GEMM on expanded weights (FINEGEMM_FP4_EXPAND_GROUPED_ROWS=1, the decode path off). These experts'
     // wide blocks send byte UE8M0 scales to the gated FP4 kernel; FP32 and packed scales run the E4M3 GEMM unfolded.
