@@ -147,7 +147,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   using L = LeanGemm<BLOCK_M, kStages>;
   constexpr int S = L::kStages;
   // kFp4B at 128 rows: 56 registers for the expanding producers (at 40 they spilled), 224 for the consumers, whose
-  // one 64-row pass needs far fewer; 256-row consumers need their 232 (228 used), so the producers keep 40 there.
+  // one 64-row pass needs far fewer (kExpand 1: 64 / 216, kExpand 2: 56 / 200, below); 256-row consumers need their
+  // 232 (228 used), so the producers keep 40 there.
   constexpr bool kBatched = kExpand >= 1;
   constexpr int kProducerWGs = kExpand == 2 ? 2 : 1;
   constexpr int kThreadsTotal = L::kThreads + 128 * (kProducerWGs - 1);
@@ -238,7 +239,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     ptx::setmaxnreg_dec<kProducerRegs>();
     if constexpr (kFp4B) {
       // ---------------- kFp4B: the whole warpgroup expands (thread e: row e of the B tile); thread 0 also issues the
-      // TMA loads: A per stage, and the packed tiles in their own ring, kRawStages - 1 K blocks ahead of the expansion
+      // TMA loads: A per stage, and the packed tiles in their own ring, kAhead K blocks ahead of the expansion
       // (across tiles: item i is the CTA's (i / num_kb)-th tile's K block i % num_kb).
       constexpr int R = L::kRawStages;
       constexpr int kAhead = kBatched ? R - 2 : R - 1;  // packed tiles in flight ahead of the expansion
@@ -403,7 +404,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         }
       }
     }
-    if constexpr (kPair) ptx::cluster_sync();  // with every thread of both CTAs, before this one leaves
+    if constexpr (kPair) {
+      __syncwarp();  // the TMA thread's warp reconverges first, as the consumers' warps do
+      ptx::cluster_sync();  // with every thread of both CTAs, before this one leaves
+    }
     return;
   }
 

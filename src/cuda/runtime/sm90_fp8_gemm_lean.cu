@@ -64,8 +64,12 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
       config.attrs = attr;
       config.numAttrs = 1;
       FG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-      if (clusters <= 0) throw Error(ErrorKind::Runtime, "lean gemm: no cluster of 2 CTAs fits on this device");
+      if (clusters <= 0) clusters = -1;  // none fits: remembered, and the unpaired kernel runs
       max_clusters[slot].store(clusters);
+    }
+    if (clusters < 0) {
+      launch_lean<BLOCK_M, kStages, kAScale, false, kGated>(a, lda, b, ldb, p, device, stream);
+      return;
     }
     const int grid_clusters = static_cast<int>(std::min<int64_t>(tiles, clusters));
     launch_ex(false, 2, kernel, dim3(2 * grid_clusters), dim3(L::kThreads), static_cast<size_t>(smem), stream, tma_a,

@@ -134,8 +134,9 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
                                   const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
                                   cudaStream_t stream) {
   const int stages = lean_stages(block_m, view.k / kGemmBlockK);
-  // The expansion mode per height: 128 rows any; 192 rows batched with A scales (without them the batch spilled: 4
-  // bytes of stores, 52 of loads), else serial, also for split (two producer warpgroups: 128 rows only); 256 serial.
+  // The expansion mode per height: 128 rows any; 192 rows batched when batched or split is asked and the call has A
+  // scales (without them the batch spilled: 4 bytes of stores, 52 of loads), else serial (split, two producer
+  // warpgroups, is 128 rows only); 256 rows serial.
   auto launch = [&](auto a_scale, auto expand) {
     constexpr bool kA = decltype(a_scale)::value;
     constexpr int kE = decltype(expand)::value;
