@@ -29,7 +29,7 @@ for l in open(sys.argv[1]):
 ' $1; }
 timeout 90 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128 --envs "FINEGEMM_FP4_LEAN=0;FINEGEMM_FP4_EXPAND_LEAN=1;FINEGEMM_FP4_LEAN=1;FINEGEMM_FP4_LEAN=1,FINEGEMM_FP4_LEAN_EXPAND=batched;FINEGEMM_FP4_LEAN=1,FINEGEMM_FP4_LEAN_EXPAND=split" >$W/dense_fp4.jsonl 2>$W/dense_fp4.err
 timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,32768:512,7168:16384 --variants block-fp32-dynamic --envs ";FINEGEMM_GEMM_LEAN_PAIR=1" >$W/pair.jsonl 2>$W/pair.err
-echo "-- dense FP4 (expanded, + gated lean, lean serial, batched, split), FP8 default and paired $(el)"; show $W/dense_fp4.jsonl; show $W/pair.jsonl; tail -1 $W/dense_fp4.err $W/pair.err
+echo "-- dense FP4 (expanded, + gated lean, lean serial, batched, split), FP8 default and paired $(el)"; show $W/dense_fp4.jsonl; show $W/pair.jsonl; tail -n 1 $W/dense_fp4.err $W/pair.err
 showmoe() { grep -vE "^#|^$" $1 | python3 -c '
 import json, sys
 for l in sys.stdin:
