@@ -164,26 +164,28 @@ void launch_sm90_fp8_grouped_lean(const void* a, int64_t lda, const void* b, int
   else launch(std::false_type{});
 }
 
-// FINEGEMM_GEMM_LEAN_PAIR: 1 runs the dense lean kernel in 2-CTA clusters sharing B (lean_gemm_body's kPair, stop 40,
-// not yet measured); unset or 0 not.
-bool lean_pair_wanted() {
-  const char* env = std::getenv("FINEGEMM_GEMM_LEAN_PAIR");
+namespace {
+// A 0/1 switch: unset or "0" off, "1" on, anything else an error naming the variable, what it does and the value.
+bool strict_env_bool(const char* name, const char* what) {
+  const char* env = std::getenv(name);
   const std::string v = env ? env : "";
   if (v.empty() || v == "0") return false;
   if (v == "1") return true;
-  throw Error("FINEGEMM_GEMM_LEAN_PAIR: expected 0 or 1 (2-CTA clusters sharing B in the lean kernel), got '" + v + "'");
+  throw Error(std::string(name) + ": expected 0 or 1 (" + what + "), got '" + v + "'");
+}
+}  // namespace
+
+// FINEGEMM_GEMM_LEAN_PAIR: 1 runs the dense lean kernel in 2-CTA clusters sharing B (lean_gemm_body's kPair, stop 40,
+// not yet measured); unset or 0 not.
+bool lean_pair_wanted() {
+  return strict_env_bool("FINEGEMM_GEMM_LEAN_PAIR", "2-CTA clusters sharing B in the lean kernel");
 }
 
 // FINEGEMM_FP4_EXPAND_LEAN: 1 lets the lean kernel (gated, kGated) serve the expanded FP4 prefill's E4M3 GEMM with
 // tile scales (stop 40, not yet measured; the general kernel takes it otherwise: M = 4096 N = 4096 K = 7168 218 µs
 // general vs 176 lean on E4M3 weights, stop 36); unset or 0 not.
 bool fp4_expand_lean_wanted() {
-  const char* env = std::getenv("FINEGEMM_FP4_EXPAND_LEAN");
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return false;
-  if (v == "1") return true;
-  throw Error("FINEGEMM_FP4_EXPAND_LEAN: expected 0 or 1 (the lean kernel for the expanded FP4 prefill), got '" + v +
-              "'");
+  return strict_env_bool("FINEGEMM_FP4_EXPAND_LEAN", "the lean kernel for the expanded FP4 prefill");
 }
 
 long long grouped_lean_launches() { return grouped_lean_launch_count.load(std::memory_order_relaxed); }
