@@ -4,6 +4,7 @@
 // expansion without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -192,6 +193,138 @@ TEST(Fp4Expand, LeanTileExpansionLandsInTheSwizzledLayout) {
         if (want == 0.0f) ASSERT_EQ(got & 0x80u, codes[r][k] & 0x8u ? 0x80u : 0u);  // the sign of -0 kept
       }
   }
+}
+
+// The permuted FP4 decode (GemmParams::a_perm_k): one 128 of K of a 64-row weight tile, simulated thread by thread
+// as the kernel's consumer warpgroup runs it, against the plain dot product in double (exact at these ranges):
+//   - the activations permuted as the quantizer stores them (fp4_perm_vector_offset), which must be the map
+//     fp4_perm_k_logical;
+//   - each thread's two chunks read from the tile as TMA's 64-byte swizzle (or none) leaves it, its rows' fold decision
+//     (fp4_perm_fold), the tables, and its A registers (fp4_perm_fragments) placed where wgmma's m64k32 fragment puts
+//     them: register i of lane (g, t) in warp w, byte b: row 16w + g + 8·(i & 1), column 4t + b + 16·(i >> 1);
+//   - the fold when every row of the tile folds (one chain, times 2^emax per row), otherwise four passes with only the
+//     lanes of group g (t = g) holding codes, each times its group's scale.
+// The same registers against the activations in their own order must give another result (the check can fail).
+TEST(Fp4PermutedDecode, FragmentsOnPermutedActivationsAreTheDotProduct) {
+  uint32_t state = 97531u;
+  auto next = [&]() { return state = state * 1664525u + 1013904223u; };
+  constexpr int kRows = 64, kK = 128, kTokens = 8;
+  int fold_trials = 0, pass_trials = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const bool swizzle = trial % 2 == 0;
+    const bool wide = trial % 3 == 2;  // one row spreads past 8: the tile takes the four passes
+    uint8_t codes[kRows][kK];
+    int exps[kRows][4];
+    for (int r = 0; r < kRows; ++r) {
+      for (int k = 0; k < kK; ++k) codes[r][k] = static_cast<uint8_t>((next() >> 11) & 0xFu);
+      const int base = 110 + static_cast<int>((next() >> 7) % 30u);
+      for (int j = 0; j < 4; ++j) exps[r][j] = base + static_cast<int>((next() >> 9) % 9u);
+    }
+    if (wide) {
+      const int r = static_cast<int>((next() >> 5) % kRows);
+      exps[r][(next() >> 5) % 4] = *std::max_element(exps[r], exps[r] + 4) + 9 + static_cast<int>((next() >> 5) % 4u);
+    }
+    // Activations: finite E4M3 within 2^-3..2^3·1.875 (exponent fields 4..10), random signs.
+    uint8_t x[kTokens][kK], x_perm[kTokens][kK];
+    for (int m = 0; m < kTokens; ++m)
+      for (int k = 0; k < kK; ++k) {
+        const uint32_t v = next();
+        x[m][k] = static_cast<uint8_t>(((v >> 3) & 0x80u) | ((4u + (v >> 9) % 7u) << 3) | ((v >> 20) & 7u));
+      }
+    // The quantizer's stores: vector v's elements 0-3 at fp4_perm_vector_offset(v), 4-7 16 bytes on.
+    std::memset(x_perm, 0xA5, sizeof x_perm);
+    for (int m = 0; m < kTokens; ++m)
+      for (int v = 0; v < 16; ++v)
+        for (int e = 0; e < 8; ++e) x_perm[m][fp4_perm_vector_offset(v) + (e < 4 ? e : 12 + e)] = x[m][8 * v + e];
+    for (int m = 0; m < kTokens; ++m)
+      for (int p = 0; p < kK; ++p) ASSERT_EQ(x_perm[m][fp4_perm_k_logical(p)], x[m][p]) << "position " << p;
+    // The packed tile as TMA leaves it: chunk c of row r (codes 32c..32c+31) at chunk c ^ (r/2 % 4) when swizzled.
+    uint8_t tile[kRows * 64];
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < 4; ++c)
+        for (int b = 0; b < 16; ++b)
+          tile[r * 64 + 16 * (c ^ (swizzle ? (r >> 1) & 3 : 0)) + b] =
+              static_cast<uint8_t>(codes[r][32 * c + 2 * b] | (codes[r][32 * c + 2 * b + 1] << 4));
+    // Every thread: its chunks and fold decision; the tile folds when every thread's rows do.
+    struct Chunk {
+      uint32_t w[4];
+    };
+    Chunk chunk[4][32][2];
+    int emax[4][32][2], dist[4][32][2];
+    bool fold = true;
+    for (int warp = 0; warp < 4; ++warp)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * warp + (lane >> 2) + 8 * h, t = lane & 3;
+          std::memcpy(chunk[warp][lane][h].w, tile + fp4_perm_chunk_offset(r, t, swizzle), 16);
+          const uint32_t word = static_cast<uint32_t>(exps[r][0]) | static_cast<uint32_t>(exps[r][1]) << 8 |
+                                static_cast<uint32_t>(exps[r][2]) << 16 | static_cast<uint32_t>(exps[r][3]) << 24;
+          fold = fp4_perm_fold(word, t, emax[warp][lane][h], dist[warp][lane][h]) && fold;
+          ASSERT_EQ(emax[warp][lane][h], *std::max_element(exps[r], exps[r] + 4));
+          ASSERT_EQ(dist[warp][lane][h], emax[warp][lane][h] - exps[r][t]);
+        }
+    ASSERT_EQ(fold, !wide) << "trial " << trial;
+    (fold ? fold_trials : pass_trials) += 1;
+    // One pass of the wgmma over the tile: registers of the lanes `keep` accepts, the rest zero; D[row][token].
+    auto pass = [&](bool use_fold, auto keep, const uint8_t (&act)[kTokens][kK], double (&d)[kRows][kTokens]) {
+      uint8_t a[kRows][kK];  // logical A: [row][32s + column]
+      std::memset(a, 0, sizeof a);
+      for (int warp = 0; warp < 4; ++warp)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int t = lane & 3;
+          if (!keep(t)) continue;
+          const int d0 = use_fold ? dist[warp][lane][0] : 0, d1 = use_fold ? dist[warp][lane][1] : 0;
+          uint32_t regs[4][4];
+          fp4_perm_fragments(chunk[warp][lane][0], chunk[warp][lane][1], fp4_fold_table_word(d0, 0),
+                             fp4_fold_table_word(d0, 1), fp4_fold_table_word(d1, 0), fp4_fold_table_word(d1, 1), regs);
+          for (int s = 0; s < 4; ++s)
+            for (int i = 0; i < 4; ++i)
+              for (int b = 0; b < 4; ++b)
+                a[16 * warp + (lane >> 2) + 8 * (i & 1)][32 * s + 4 * t + b + 16 * (i >> 1)] =
+                    static_cast<uint8_t>(regs[s][i] >> (8 * b));
+        }
+      for (int r = 0; r < kRows; ++r)
+        for (int m = 0; m < kTokens; ++m) {
+          double sum = 0.0;
+          for (int k = 0; k < kK; ++k)
+            sum += static_cast<double>(fmt::e4m3_to_float(a[r][k])) * fmt::e4m3_to_float(act[m][k]);
+          d[r][m] = sum;
+        }
+    };
+    auto run = [&](const uint8_t (&act)[kTokens][kK], double (&y)[kRows][kTokens]) {
+      static double d[kRows][kTokens];
+      if (fold) {
+        pass(true, [](int) { return true; }, act, d);
+        for (int r = 0; r < kRows; ++r)
+          for (int m = 0; m < kTokens; ++m)
+            y[r][m] = d[r][m] * std::ldexp(1.0, *std::max_element(exps[r], exps[r] + 4) - 127);
+      } else {
+        for (int r = 0; r < kRows; ++r)
+          for (int m = 0; m < kTokens; ++m) y[r][m] = 0.0;
+        for (int g = 0; g < 4; ++g) {
+          pass(false, [g](int t) { return t == g; }, act, d);
+          for (int r = 0; r < kRows; ++r)
+            for (int m = 0; m < kTokens; ++m) y[r][m] += d[r][m] * std::ldexp(1.0, exps[r][g] - 127);
+        }
+      }
+    };
+    double got[kRows][kTokens], unpermuted[kRows][kTokens];
+    run(x_perm, got);
+    run(x, unpermuted);
+    int differ = 0;
+    for (int r = 0; r < kRows; ++r)
+      for (int m = 0; m < kTokens; ++m) {
+        double want = 0.0;
+        for (int k = 0; k < kK; ++k)
+          want += static_cast<double>(e2m1(codes[r][k])) * std::ldexp(1.0, exps[r][k / 32] - 127) *
+                  fmt::e4m3_to_float(x[m][k]);
+        ASSERT_EQ(got[r][m], want) << "trial " << trial << " row " << r << " token " << m;
+        differ += unpermuted[r][m] != want;
+      }
+    EXPECT_GT(differ, kRows * kTokens / 2) << "trial " << trial << ": the permutation made no difference";
+  }
+  EXPECT_EQ(fold_trials, 32);
+  EXPECT_EQ(pass_trials, 16);
 }
 
 }  // namespace

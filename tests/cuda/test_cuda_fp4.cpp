@@ -529,6 +529,11 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            // Two preparer warps (each writes the tables of 32 rows; both vote over all 64).
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           // Activations permuted for the decode kernel (FINEGEMM_FP4_DECODE_PERM=1: no preparer, the consumers fold
+           // each row block; recipes it does not serve keep the kernel above).
+           {{"FINEGEMM_FP4_DECODE_PERM", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
+           {{"FINEGEMM_FP4_DECODE_PERM", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           {{"FINEGEMM_FP4_DECODE_PERM", "1"}, {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"}},
            // The GEMV (sm90_fp4_gemv.cuh: mma.sync, no producer warps), unsplit where the heuristic allows and with a
            // forced split of 3.
            {{"FINEGEMM_FP4_GEMV", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
@@ -726,6 +731,44 @@ TEST_P(Fp4Linear, ExactGemvPaths) {
     const ScopedEnv gemv("FINEGEMM_FP4_GEMV", "1"), forced("FINEGEMM_FP4_DECODE_SPLIT", split);
     check_exact(target(), gpu(), std::string("gemv paths (FINEGEMM_FP4_DECODE_SPLIT=") + split + ")", w,
                 {1, 7, 8, 9, 16, 17});
+  }
+}
+
+// The decode kernel on permuted activations (FINEGEMM_FP4_DECODE_PERM=1, GemmParams::a_perm_k): linear() quantizes the
+// activations in the kernel's K order, and the kernel's consumers fold each row block themselves, the 64-row tile
+// voting between the fold's one wgmma chain and four chains of one MX group each. In each of the first four K blocks
+// one row spreads past 8 (its tile takes the four chains there), the fifth folds everywhere; N = 208 leaves a 16-row
+// tail tile. M = 1, 7, 16, 33 and 64 (all four token widths), byte and packed UE8M0 scales, static and group-128
+// activations; unsplit, split in 3, unswizzled tiles, the split finished in the kernel and summed in a cluster. Every
+// such call takes the kernel (its launch counter); FP32 scales, groups of 32 and pre-quantized activations do not.
+TEST_P(Fp4Linear, ExactPermutedDecode) {
+  if (!gpu()) GTEST_SKIP() << "the permuted decode is a CUDA path";
+  const int64_t wide_row[] = {77, 130, 207, 0, -1};
+  const int wide_spread[] = {9, 40, kExtreme, 12, 0};
+  const Fp4Matrix w = crafted_matrix(208, 640, [&](int64_t row, int64_t b) {
+    return row == wide_row[b] ? wide_spread[b] : uniform_int(0, 8);
+  });
+  for (int64_t b = 0; b < 4; ++b) ASSERT_GT(w.spread(wide_row[b], b), 8) << "self-check: block " << b;
+  const std::vector<int64_t> ms = {1, 7, 16, 33, 64};
+  using Env = std::pair<const char*, const char*>;
+  for (const Env& env : std::vector<Env>{{"FINEGEMM_FP4_DECODE_SPLIT", ""},
+                                         {"FINEGEMM_FP4_DECODE_SPLIT", "3"},
+                                         {"FINEGEMM_FP4_DECODE_SWIZZLE", "0"},
+                                         {"FINEGEMM_DECODE_SPLIT_FINISH", "1"},
+                                         {"FINEGEMM_DECODE_CLUSTER_REDUCE", "1"}}) {
+    const ScopedEnv perm("FINEGEMM_FP4_DECODE_PERM", "1"), other(env.first, env.second),
+        no_gemv("FINEGEMM_FP4_GEMV", "0");
+    const std::string what = std::string("permuted decode (") + env.first + "=" + env.second + ")";
+    const long long before = cuda::fp4_decode_perm_launches();
+    check_exact(target(), gpu(), what, w, ms, {ScaleKind::UE8M0, ScaleKind::UE8M0Packed},
+                {ActKind::Static, ActKind::Group128Pow2});
+    EXPECT_GE(cuda::fp4_decode_perm_launches() - before, static_cast<long long>(2 * 2 * ms.size()))
+        << what << ": some call the permuted kernel serves did not take it";
+    const long long after = cuda::fp4_decode_perm_launches();
+    check_exact(target(), gpu(), what + ", FP32 scales", w, {7}, {ScaleKind::F32Pow2}, {ActKind::Static});
+    check_exact(target(), gpu(), what + ", groups of 32 and pre-quantized activations", w, {7}, {ScaleKind::UE8M0},
+                {ActKind::Group32Pow2, ActKind::PreQuantized128});
+    EXPECT_EQ(cuda::fp4_decode_perm_launches(), after) << what << ": a recipe the permuted kernel does not serve took it";
   }
 }
 
@@ -957,10 +1000,13 @@ TEST_P(Fp4Random, LinearMatchesReference) {
         testing::poison(ref);
         linear(linear_args(x_ref, x_scale, rc.act, weight, weight_scale, recipe, ref), {Backend::Reference});
         for (int64_t m : {int64_t{1}, int64_t{16}, max_m}) {
-          // Decode sizes on the GPU: both FP4 decode kernels (the wgmma one and the GEMV).
-          for (const char* gemv : {"0", "1"}) {
-          if (*gemv == '1' && (!gpu() || m > 64)) continue;
-          const ScopedEnv gemv_env("FINEGEMM_FP4_GEMV", gemv);
+          // Decode sizes on the GPU: both FP4 decode kernels (the wgmma one and the GEMV), and the wgmma one on
+          // permuted activations (FINEGEMM_FP4_DECODE_PERM=1; K % 128 == 0 and UE8M0 scales, else the plain one).
+          for (const char* gemv : {"0", "1", "perm"}) {
+          const bool perm = std::string(gemv) == "perm";
+          if (*gemv != '0' && (!gpu() || m > 64)) continue;
+          const ScopedEnv gemv_env("FINEGEMM_FP4_GEMV", perm ? "0" : gemv),
+              perm_env("FINEGEMM_FP4_DECODE_PERM", perm ? "1" : "");
           for (DType out_dtype : {DType::F32, DType::BF16}) {
             Buffer x_m(DType::BF16, {m, shape.k});
             std::memcpy(x_m.bytes.data(), x.bytes.data(), static_cast<size_t>(m * shape.k * 2));

@@ -81,6 +81,55 @@ FG_HD void e2m1x8_to_e4m3x8(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32
   o1 = byte_perm(tab_lo, tab_hi, sel >> 16) | (byte_perm(w4, w, 0x7362u) & 0x80808080u);
 }
 
+// ---- The FP4 decode kernel on K-permuted activations (GemmParams::a_perm_k, FINEGEMM_FP4_DECODE_PERM=1).
+// The wgmma's A fragment of a k32 step gives thread t of a quad the columns 4t..4t+3 and 16+4t..19+4t of two rows:
+// in the weights' own order those are two 16-bit pairs per row and step (16 LDS.U16 per thread and 128 of K, each
+// row's four steps through four tables). The dot product does not care about the order of K as long as both operands
+// share it, and the activations are ours to write: the quantization stores each 128 of K permuted so that thread t's
+// columns of all four steps are the 32 codes of MX group t, one 16-byte chunk of its row. Physical position
+// p = 32t + 8s + j (chunk t, word s, nibble j) is logical column 32s + 4t + (j & 3) + 16·(j >> 2) of the block:
+// word s of the chunk feeds step s, its codes 0-3 the low register of the row and codes 4-7 the high one (the order
+// e2m1x8_to_e4m3x8 writes them in). One chunk load per row, one table per row (its group's fold) for the block.
+FG_HD int fp4_perm_k_logical(int p) {
+  return 32 * ((p >> 3) & 3) + 4 * (p >> 5) + (p & 3) + 16 * ((p >> 2) & 1);
+}
+// The quantizer's side: elements 8v..8v+3 of a block (v = 0..15, the 8-element vector 4t + s) go to byte
+// fp4_perm_vector_offset(v) of the block's 128, elements 8v+4..8v+7 to 16 bytes on.
+FG_HD int fp4_perm_vector_offset(int v) { return 32 * (v & 3) + 4 * (v >> 2); }
+
+// Chunk t (MX group t) of row r in a stage's packed tile of 64-byte rows, 64-byte swizzled (as TMA wrote it) or not.
+FG_HD int fp4_perm_chunk_offset(int r, int t, bool swizzle) {
+  return r * 64 + ((t ^ (swizzle ? (r >> 1) & 3 : 0)) << 4);
+}
+
+// The A registers of the block's four steps for this thread (a[s]: row r lo, row r + 8 lo, row r hi, row r + 8 hi,
+// as the m64k32 fragment orders them) from its chunk of row r (`row_lo`) and of row r + 8 (`row_hi`), each through
+// its row's table {x, y} (a fold row, fp4_fold_table_word, or the plain one).
+template <typename Chunk>
+FG_HD void fp4_perm_fragments(const Chunk& row_lo, const Chunk& row_hi, uint32_t tab_lo_x, uint32_t tab_lo_y,
+                              uint32_t tab_hi_x, uint32_t tab_hi_y, uint32_t (&a)[4][4]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int s = 0; s < 4; ++s) {
+    e2m1x8_to_e4m3x8(row_lo.w[s], tab_lo_x, tab_lo_y, a[s][0], a[s][2]);
+    e2m1x8_to_e4m3x8(row_hi.w[s], tab_hi_x, tab_hi_y, a[s][1], a[s][3]);
+  }
+}
+
+// A row's four UE8M0 exponents of one 128 of K (byte j: group j): their largest (emax) and group t's distance below
+// it (d); true when all four lie within 2^8 of emax, i.e. when every group folds into E4M3 (fp4_fold_table_word).
+FG_HD bool fp4_perm_fold(uint32_t word, int t, int& emax, int& d) {
+  const int e0 = static_cast<int>(word & 0xFFu), e1 = static_cast<int>((word >> 8) & 0xFFu);
+  const int e2 = static_cast<int>((word >> 16) & 0xFFu), e3 = static_cast<int>(word >> 24);
+  const int hi01 = e0 > e1 ? e0 : e1, hi23 = e2 > e3 ? e2 : e3;
+  const int lo01 = e0 < e1 ? e0 : e1, lo23 = e2 < e3 ? e2 : e3;
+  emax = hi01 > hi23 ? hi01 : hi23;
+  const int emin = lo01 < lo23 ? lo01 : lo23;
+  d = emax - static_cast<int>((word >> (8 * t)) & 0xFFu);
+  return emax - emin <= 8;
+}
+
 // ---- The lean GEMM's in-kernel FP4 expansion (sm90_fp8_gemm_lean.cuh, kFp4B).
 // A K block (128 of K) of a 128-row weight tile arrives packed, 64 bytes a row, by TMA with the 64-byte swizzle: the
 // 16-byte chunk c (MX group c, 32 codes) of row r at c ^ ((r >> 1) & 3). It goes out as E4M3, 128 bytes a row, in the

@@ -196,6 +196,12 @@ struct GemmParams {
 
   // Split-K: partial sums (promotion applied, epilogue not) go to workspace[split][m][n].
   float* workspace = nullptr;
+
+  // A (E4M3 activations) holds each 128 of K permuted for the FP4 decode kernel (fp4_perm_k_logical: thread t's
+  // columns of a block's four steps are MX group t's codes, one 16-byte chunk per row): no preparer warp, the
+  // consumers fold each row block themselves (FINEGEMM_FP4_DECODE_PERM=1, linear() quantizes the activations so;
+  // off until measured). Only the decode kernel reads such A. (Last, so that the fields before keep their offsets.)
+  bool a_perm_k = false;
 };
 
 // The FP4 weights' view the lean kernels with FP4 weights (sm90_fp8_gemm_lean.cuh, kFp4B) read beside GemmParams (whose B scales are the scan's tile scales):

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/fp4_expand.hpp"
+
 namespace finegemm::cuda {
 
 inline constexpr float kE4M3MaxF = 448.0f;
@@ -209,6 +211,21 @@ __device__ __forceinline__ uint2 quantize8_by_reciprocal(const float (&v)[8], fl
   return codes;
 }
 
+// The codes of vector `vec` (elements 8·vec..8·vec+7 of the flat [M, K] x_q) into x_q: in K order, or (kPermK) in
+// the order of the FP4 decode kernel on permuted activations (GemmParams::a_perm_k: each 128 of K permuted,
+// fp4_perm_vector_offset; K % 128 == 0, so blocks never straddle rows).
+// (The index keeps its caller's type: the group kernel's 32-bit indices hold its registers down.)
+template <bool kPermK, typename Index>
+__device__ __forceinline__ void store_codes(uint8_t* x_q, Index vec, uint2 codes) {
+  if constexpr (kPermK) {
+    uint8_t* at = x_q + (vec >> 4) * 128 + fp4_perm_vector_offset(static_cast<int>(vec & 15));
+    *reinterpret_cast<uint32_t*>(at) = codes.x;
+    *reinterpret_cast<uint32_t*>(at + 16) = codes.y;
+  } else {
+    reinterpret_cast<uint2*>(x_q)[vec] = codes;
+  }
+}
+
 // Dynamic per-(row, group) scales, kPow2: rounded up to powers of two. Grid-stride over chunks of 2·blockDim
 // vectors (a resident grid: the host sizes it to fill the GPU once). In a chunk, a group of G elements (G/8
 // vectors) belongs to kLanes = G/16 consecutive lanes; lane j holds the group's vectors j and j + kLanes, so each of
@@ -236,7 +253,7 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 // scale_ld > 0: the scales M-major, scale (row, group) at group · scale_ld + row, with `scale_cols` groups per row (the
 // layout the GEMM's bulk scale copies read, GemmParams::a_scale_bulk), rows M..scale_ld-1 set to 1; 0: row-major
 // [M, K / kGroup].
-template <typename T, int kGroup, bool kPow2>
+template <typename T, int kGroup, bool kPow2, bool kPermK = false>
 __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel(const T* __restrict__ x,
                                                                                  uint8_t* __restrict__ x_q,
                                                                                  float* __restrict__ x_scale,
@@ -275,8 +292,8 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel
     if (valid) {
       const float s = dynamic_scale(amax, kPow2);
       const float r = reciprocal_of_scale<kPow2>(s);
-      reinterpret_cast<uint2*>(x_q)[vec0] = quantize8_by_reciprocal<kPow2>(v[0], s, r);
-      reinterpret_cast<uint2*>(x_q)[vec1] = quantize8_by_reciprocal<kPow2>(v[1], s, r);
+      store_codes<kPermK>(x_q, vec0, quantize8_by_reciprocal<kPow2>(v[0], s, r));
+      store_codes<kPermK>(x_q, vec1, quantize8_by_reciprocal<kPow2>(v[1], s, r));
       if (lane_in_group == 0) {
         const int flat = vec0 / (kGroup / 8);  // row · scale_cols + group
         if (scale_ld > 0) {
@@ -299,7 +316,7 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_per_token_group_kernel
 // per block, reduced with shuffles) or the whole block (a multiple of 32; shuffles, then shared memory). Lane j
 // holds the row's vectors j, j + threads_per_row, ... (at most kTokenVecs), loaded before the first use, so a row
 // costs one trip to memory; the host launches this for K ≤ 8·kTokenVecs·kTokenMaxThreads.
-template <typename T, bool kPow2>
+template <typename T, bool kPow2, bool kPermK = false>
 __global__ void __launch_bounds__(kTokenMaxThreads) quant_per_token_kernel(const T* __restrict__ x,
                                                                            uint8_t* __restrict__ x_q,
                                                                            float* __restrict__ x_scale, int64_t m,
@@ -340,7 +357,7 @@ __global__ void __launch_bounds__(kTokenMaxThreads) quant_per_token_kernel(const
     if (i < vecs) {
       float v[8];
       in[j].to_float(v);
-      reinterpret_cast<uint2*>(qr)[i] = quantize8_by_reciprocal<kPow2>(v, s, r);
+      store_codes<kPermK>(qr, i, quantize8_by_reciprocal<kPow2>(v, s, r));
     }
   }
   if (lane == 0) x_scale[row] = s;
@@ -348,7 +365,7 @@ __global__ void __launch_bounds__(kTokenMaxThreads) quant_per_token_kernel(const
 
 // Dynamic per-row scale for rows too long to hold (K > 8·kTokenVecs·kTokenMaxThreads): one block per row, two
 // passes over the row (the second mostly from L2).
-template <typename T, bool kPow2>
+template <typename T, bool kPow2, bool kPermK = false>
 __global__ void quant_per_token_two_pass_kernel(const T* __restrict__ x, uint8_t* __restrict__ x_q,
                                                 float* __restrict__ x_scale, int k) {
   allow_dependent_launch();
@@ -378,14 +395,14 @@ __global__ void quant_per_token_two_pass_kernel(const T* __restrict__ x, uint8_t
     in.load(xr + i * 8);
     float v[8];
     in.to_float(v);
-    reinterpret_cast<uint2*>(x_q + row * k)[i] = quantize8_by_reciprocal<kPow2>(v, s, r);
+    store_codes<kPermK>(x_q + row * k, i, quantize8_by_reciprocal<kPow2>(v, s, r));
   }
   if (threadIdx.x == 0) x_scale[row] = s;
 }
 
 // Static per-tensor scale from the checkpoint (a device scalar): q = sat(x / s). Grid-stride (a resident grid)
 // over chunks of 2·blockDim vectors, two per thread, blockDim apart, both loaded before the first use.
-template <typename T>
+template <typename T, bool kPermK = false>
 __global__ void __launch_bounds__(kQuantThreads, 8) quant_static_kernel(const T* __restrict__ x,
                                                                         uint8_t* __restrict__ x_q,
                                                                         const float* __restrict__ scale,
@@ -404,8 +421,8 @@ __global__ void __launch_bounds__(kQuantThreads, 8) quant_static_kernel(const T*
     float v[2][8];
     in[0].to_float(v[0]);
     in[1].to_float(v[1]);
-    reinterpret_cast<uint2*>(x_q)[vec0] = quantize8_by_reciprocal<false>(v[0], s, r);
-    if (second) reinterpret_cast<uint2*>(x_q)[vec1] = quantize8_by_reciprocal<false>(v[1], s, r);
+    store_codes<kPermK>(x_q, vec0, quantize8_by_reciprocal<false>(v[0], s, r));
+    if (second) store_codes<kPermK>(x_q, vec1, quantize8_by_reciprocal<false>(v[1], s, r));
   }
 }
 

@@ -51,17 +51,18 @@ inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer 
 // and the activation scales [kSteps][WN] float.
 // kRows: weight rows per CTA, 64 (one consumer warpgroup) or, for E4M3 weights, 128 (two warpgroups sharing the
 // activation tile: FINEGEMM_DECODE_ROWS=128).
-template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows>
+// kPermK (permuted activations, no preparer): the words only; no fold area, row scales or flags.
+template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kPermK = false>
 struct Fp4DecodeSmem {
   static constexpr int kSteps = kStageK / 32;                     // wgmma k32 steps (MX groups) per stage
   static constexpr int kBlocks = kStageK / 128;                   // 128s of K per stage
   static constexpr int kStageX = WN * kStageK;                    // E4M3 activations: kStageK / 128 boxes of WN × 128
   static constexpr int kStageW = kRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
   static constexpr int kBlockFold = 4 * kFp4DecodeRows * 8;
-  static constexpr int kStageFold = kFp8W ? 0 : kBlocks * kBlockFold;
+  static constexpr int kStageFold = kFp8W || kPermK ? 0 : kBlocks * kBlockFold;
   static constexpr int kStageWords = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
-  static constexpr int kStageRowScale = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
-  static constexpr int kStageFlags = kFp8W ? 0 : 16;
+  static constexpr int kStageRowScale = kFp8W || kPermK ? 0 : kBlocks * kFp4DecodeRows * 4;
+  static constexpr int kStageFlags = kFp8W || kPermK ? 0 : 16;
   static constexpr int kStageXScales = kSteps * WN * 4;  // [kSteps][WN] float
   static constexpr int kFoldTable = 16 * 8;              // rows 0-8: fp4_fold_table_row(d)
   static constexpr int kBytes = kStages * (kStageX + kStageW + kStageFold + kStageWords + kStageRowScale + kStageFlags +
@@ -70,9 +71,9 @@ struct Fp4DecodeSmem {
 };
 
 // Threads per CTA: the consumer warpgroups (one per 64 weight rows), the loader warp and (FP4 weights) the preparer
-// warps (kPreparers: 1, or 2 with FINEGEMM_FP4_DECODE_PREPARERS=2).
-template <bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1>
-inline constexpr int kFp4DecodeThreads = 2 * kRows + 32 + (kFp8W ? 0 : 32 * kPreparers);
+// warps (kPreparers: 1, or 2 with FINEGEMM_FP4_DECODE_PREPARERS=2; none on permuted activations, kPermK).
+template <bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1, bool kPermK = false>
+inline constexpr int kFp4DecodeThreads = 2 * kRows + 32 + (kFp8W || kPermK ? 0 : 32 * kPreparers);
 
 // Row d of the fold table (fp4_fold_table_word): x holds codes 0-3, y codes 4-7.
 __device__ __forceinline__ uint2 fp4_fold_table_row(int d) {
@@ -244,8 +245,13 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // even at the same registers and occupancy.
 // kPreparers: FP4 weights, 64-row dense CTAs: 2 splits the preparation of the scales over two warps (on other SM
 // sub-partitions than the one preparer's), FINEGEMM_FP4_DECODE_PREPARERS=2.
+// kPermK: FP4 weights on activations permuted within each 128 of K (GemmParams::a_perm_k, fp4_perm_k_logical): no
+// preparer warp; per 128 of K each consumer thread loads one 16-byte chunk per row (MX group t of it), folds its rows
+// from the scale words itself, and the warpgroup votes (bar.red.and) between the fold's one chain and, where some row
+// spreads past 8, four chains that each keep one group's lanes (promoted with that group's scale). Dense, 64 rows,
+// 128 of K per stage, K % 128 == 0, UE8M0 words, one activation scale per 128 (the host checks).
 template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false,
-          int kPreparers = 1, bool kSplitFinish = false>
+          int kPreparers = 1, bool kSplitFinish = false, bool kPermK = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
 // Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91
@@ -255,7 +261,7 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 // Two preparers (seven warps): 72 registers at WN = 8 (4 CTAs per SM, no spills); at WN = 16, 98 registers leave 2
 // CTAs per SM (3 asked for spilled: 80 registers, the sub-partitions' register files); at WN = 64, 2 CTAs cost 136
 // bytes of spills (128 registers).
-__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
+__global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>,
                                   kRows == 128 ? 1 : (WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
@@ -266,7 +272,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   static_assert(!kFp8W || kStageK == 128, "E4M3 weights: 128 of K per stage (128-byte rows)");
   static_assert(kRows == 64 || (kRows == 128 && kFp8W), "kRows: 64, or 128 with E4M3 weights");
   static_assert(kPreparers == 1 || (kPreparers == 2 && !kFp8W && kRows == 64), "kPreparers: 2 with FP4 weights only");
-  using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows>;
+  static_assert(!kPermK || (!kFp8W && !kGrouped && kStageK == 128 && kRows == 64 && kPreparers == 1),
+                "kPermK: dense FP4 weights, 64 rows, 128 of K per stage, no preparer");
+  using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows, kPermK>;
   constexpr int kConsumerWarps = kRows / 16;  // one warpgroup per 64 weight rows
   constexpr int kLoaderWarp = kConsumerWarps, kPreparerWarp = kConsumerWarps + 1;
   using Mma = ptx::WgmmaFp8RegA<WN>;
@@ -326,7 +334,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   // __syncwarp, with p.decode_thread_release off: racecheck reported the reads of the activation scales against the
   // next cp.async into the stage there). landed[s] (FP4): the loader lanes' cp.async copies.
   // Direct (p.fp4_decode_direct): no preparation; the loader's copies complete the full barrier.
-  const bool direct = !kFp8W && p.fp4_decode_direct;
+  const bool direct = !kFp8W && !kPermK && p.fp4_decode_direct;
   // In-kernel split-K (p.decode_cluster_reduce, dense launches in clusters of split_k CTAs, one tile each): every
   // thread of the cluster passes two cluster barriers (partials written; partials read). The producer warps pass
   // both on their way out.
@@ -339,7 +347,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&full[s], 1 + 32 * (kFp8W || direct ? 1 : kPreparers));
+      ptx::mbar_init(&full[s], 1 + 32 * (kFp8W || kPermK || direct ? 1 : kPreparers));
       ptx::mbar_init(&empty[s], p.decode_thread_release ? 32 * kConsumerWarps : kConsumerWarps);
       ptx::mbar_init(&landed[s], 32);
     }
@@ -370,7 +378,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
   const bool may_fold = word_scales && xgroup_mask == 3;
 
   // Direct: the preparer warps exit at once; the consumers decode the scales themselves (per-step promotion).
-  if (!kFp8W && warp >= kPreparerWarp) {
+  if (!kFp8W && !kPermK && warp >= kPreparerWarp) {
     if (direct) {
       leave_cluster();
       return;
@@ -488,7 +496,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
             }
           }
         }
-        ptx::cp_async_mbar_arrive_noinc(kFp8W || direct ? &full[stage] : &landed[stage]);
+        ptx::cp_async_mbar_arrive_noinc(kFp8W || kPermK || direct ? &full[stage] : &landed[stage]);
       }
     }
     ptx::cp_async_wait_all();  // no copy outlives its thread
@@ -581,6 +589,93 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers>,
           total[4 * j + 1] = fmaf(acc[4 * j + 1], s1, total[4 * j + 1]);
           total[4 * j + 2] = fmaf(acc[4 * j + 2], s0, total[4 * j + 2]);
           total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
+        }
+      }
+    } else if constexpr (kPermK) {
+      // Permuted activations: per stage (one 128 of K), this thread's chunk t (MX group t) of rows r0 and r0 + 8 holds
+      // its A registers of all four steps (fp4_perm_fragments); its rows' scale words give each row's fold
+      // (fp4_perm_fold). The warpgroup folds the block when all its 64 rows do (one bar.red over the consumers):
+      // one wgmma chain through each row's table for group t, promoted with 2^emax per row. Otherwise (some row spreads
+      // past 8) four chains over the plain codes, chain g keeping only the lanes of group g (t == g) and promoted with
+      // that group's scale: exact either way.
+      const int chunk_off[2] = {fp4_perm_chunk_offset(r0, t, swizzle), fp4_perm_chunk_offset(r0 + 8, t, swizzle)};
+      const uint2 plain_tab = fold_tab[0];
+      // total += acc · (row r0's, row r0 + 8's scale) · the tokens' scales.
+      auto add_block = [&](const float (&acc)[kAcc], const float (&row_scale)[2], const float2 (&xv)[WN / 8]) {
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {
+          total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv[j].x, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv[j].y, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv[j].x, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
+        }
+      };
+      for (int i = i_begin; i < i_end; ++i, ring.advance()) {
+        const int stage = ring.stage;
+        ptx::mbar_wait_shared(full_addr + stage * 8, ring.phase);
+        const uint8_t* wt = smem_w + stage * Smem::kStageW;
+        const uint32_t* words = smem_words + stage * kFp4DecodeRows;
+        const float* xs = smem_xs + stage * kSteps * WN;
+        const uint32_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
+        const Chunk16 codes0 = *reinterpret_cast<const Chunk16*>(wt + chunk_off[0]);
+        const Chunk16 codes1 = *reinterpret_cast<const Chunk16*>(wt + chunk_off[1]);
+        const uint32_t word[2] = {words[r0], words[r0 + 8]};
+        int emax[2], dist[2];
+        bool fold = fp4_perm_fold(word[0], t, emax[0], dist[0]);
+        fold = fp4_perm_fold(word[1], t, emax[1], dist[1]) && fold;
+        fold = ptx::named_bar_red_and<2, 32 * kConsumerWarps>(fold);
+        // The tokens' scales of this block (one per token over its 128 of K; 1 without group scales).
+        float2 xv[WN / 8];
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j)
+          xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+        uint32_t a[4][4];
+        if (fold) {
+          const uint2 tab0 = fold_tab[dist[0]], tab1 = fold_tab[dist[1]];
+          fp4_perm_fragments(codes0, codes1, tab0.x, tab0.y, tab1.x, tab1.y, a);
+          float acc[kAcc];
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            Mma::mma(a[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc, s > 0);
+          ptx::wgmma_commit();
+          const float row_scale[2] = {ue8m0_bits_to_float(static_cast<uint32_t>(emax[0])),
+                                      ue8m0_bits_to_float(static_cast<uint32_t>(emax[1]))};
+          ptx::wgmma_wait<0>();
+          ptx::fence_operands(acc);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) fence_regs(a[s]);
+          add_block(acc, row_scale, xv);
+        } else {
+          fp4_perm_fragments(codes0, codes1, plain_tab.x, plain_tab.y, plain_tab.x, plain_tab.y, a);
+#pragma unroll 1
+          for (int g = 0; g < 4; ++g) {
+            // Chain g: the lanes of group g keep their codes, the others feed zeros.
+            uint32_t kept[4][4];
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) kept[s][r] = t == g ? a[s][r] : 0u;
+            float acc[kAcc];
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+              Mma::mma(kept[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc, s > 0);
+            ptx::wgmma_commit();
+            const float w_scale[2] = {ue8m0_bits_to_float((word[0] >> (8 * g)) & 0xFFu),
+                                      ue8m0_bits_to_float((word[1] >> (8 * g)) & 0xFFu)};
+            ptx::wgmma_wait<0>();
+            ptx::fence_operands(acc);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) fence_regs(kept[s]);
+            add_block(acc, w_scale, xv);
+          }
+        }
+        if (p.decode_thread_release) {
+          ptx::mbar_arrive(&empty[stage]);
+        } else {
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&empty[stage]);
         }
       }
     } else {

@@ -190,6 +190,19 @@ __device__ __forceinline__ void named_bar_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// bar.red.and over `kThreads` threads: waits as named_bar_sync does and returns whether `pred` held in all of them.
+template <int kId, int kThreads>
+__device__ __forceinline__ bool named_bar_red_and(bool pred) {
+  static_assert(kId > 0 && kId < 16 && kThreads % 32 == 0, "named barrier: id 1..15, a multiple of 32 threads");
+  uint32_t all;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(static_cast<uint32_t>(pred)), "n"(kId), "n"(kThreads)
+      : "memory");
+  return all != 0u;
+}
+
 // ---- register reallocation between warpgroups
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

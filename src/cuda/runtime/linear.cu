@@ -42,6 +42,12 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
   p.promote_k = promote_k == 0 ? 128 : promote_k;
   p.b_fp4 = fp4;
 
+  // The weight side first: whether the activations go in the FP4 decode kernel's permuted order depends on it.
+  set_weight_scales(p, args.weight_recipe, args.weight_scale, n, k);
+  if (args.activation.granularity == ActGranularity::PerTokenGroup) p.a_group = args.activation.group_size;
+  const bool perm_k = args.x.dtype != DType::F8_E4M3 && quantize_perm_k_ok(args.activation, k) &&
+                      fp4_decode_perm_wanted(p);
+
   // Activations: quantize on the fly unless they arrive as E4M3.
   const void* x_q = args.x.data;
   const float* x_scale = args.x_scale.defined() ? args.x_scale.ptr<float>() : nullptr;
@@ -75,7 +81,8 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
       scale_stride_k = 1;
     }
     launch_quantize_activations(args.x.data, args.x.dtype, m, k, args.activation, static_cast<uint8_t*>(const_cast<void*>(x_q)),
-                                const_cast<float*>(x_scale), stream, m_major ? m_major_ld : 0);
+                                const_cast<float*>(x_scale), stream, m_major ? m_major_ld : 0, perm_k);
+    p.a_perm_k = perm_k;
     // The kernel ahead of the GEMM is now the quantization: a programmatic decode launch may request weights before
     // it waits (GemmParams::pdl_weights_ready).
     p.pdl_weights_ready = true;
@@ -85,7 +92,6 @@ void linear(const LinearArgs& args, void* stream_handle, bool weights_static) {
   set_activation_scales(p, args.activation, x_scale, scale_stride_m, scale_stride_k, k, x_scale);
   // Our own M-major buffer holds its padding rows (a caller's M-major x_scale may end at row M).
   p.a_scale_padded = own_m_major;
-  set_weight_scales(p, args.weight_recipe, args.weight_scale, n, k);
 
   // Epilogue.
   set_bias(p, args.bias, n);

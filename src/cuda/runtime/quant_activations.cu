@@ -44,10 +44,10 @@ unsigned resident_grid(int64_t blocks_needed) {
 inline constexpr int64_t kMaxSliceVectors = int64_t{1} << 30;
 
 // scale_ld > 0: M-major scales (one slice only: the caller checks num_vectors ≤ kMaxSliceVectors).
-template <typename T, int kGroup, bool kPow2>
+template <typename T, int kGroup, bool kPow2, bool kPermK>
 void launch_group(const T* x, int64_t num_vectors, int64_t k, uint8_t* x_q, float* x_scale, int64_t scale_ld,
                   cudaStream_t stream) {
-  constexpr auto kernel = quant_per_token_group_kernel<T, kGroup, kPow2>;
+  constexpr auto kernel = quant_per_token_group_kernel<T, kGroup, kPow2, kPermK>;
   for (int64_t first = 0; first < num_vectors; first += kMaxSliceVectors) {
     const int n = static_cast<int>(std::min(num_vectors - first, kMaxSliceVectors));
     const unsigned grid = resident_grid<kernel>((n + 2 * kQuantThreads - 1) / (2 * kQuantThreads));
@@ -91,43 +91,48 @@ TokenLaunch choose_token_launch(int64_t m, int64_t k) {
   return c;
 }
 
-template <typename T, bool kPow2>
+template <typename T, bool kPow2, bool kPermK>
 void launch_token(const T* x, int64_t m, int64_t k, uint8_t* x_q, float* x_scale, cudaStream_t stream) {
   const TokenLaunch c = choose_token_launch(m, k);
   if (c.two_pass)
-    quant_per_token_two_pass_kernel<T, kPow2><<<c.grid, c.threads, 0, stream>>>(x, x_q, x_scale, static_cast<int>(k));
+    quant_per_token_two_pass_kernel<T, kPow2, kPermK><<<c.grid, c.threads, 0, stream>>>(x, x_q, x_scale, static_cast<int>(k));
   else
-    quant_per_token_kernel<T, kPow2><<<c.grid, c.threads, 0, stream>>>(x, x_q, x_scale, m, static_cast<int>(k),
-                                                                        c.threads_per_row);
+    quant_per_token_kernel<T, kPow2, kPermK><<<c.grid, c.threads, 0, stream>>>(x, x_q, x_scale, m, static_cast<int>(k),
+                                                                                c.threads_per_row);
 }
 
-template <typename T, bool kPow2>
+// kPermK (permuted K for the FP4 decode kernel) takes groups of 128 only (launch_quantize_activations checks).
+template <typename T, bool kPow2, bool kPermK>
 void launch_group_size(const T* x, int64_t num_vectors, int64_t k, int group_size, uint8_t* x_q, float* x_scale,
                        int64_t scale_ld, cudaStream_t stream) {
+  if constexpr (kPermK) {
+    if (group_size == 128) return launch_group<T, 128, kPow2, true>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
+    throw Error("activation.group_size: permuted K takes groups of 128, got " + std::to_string(group_size));
+  }
   switch (group_size) {
-    case 32: return launch_group<T, 32, kPow2>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
-    case 64: return launch_group<T, 64, kPow2>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
-    case 128: return launch_group<T, 128, kPow2>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
+    case 32: return launch_group<T, 32, kPow2, false>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
+    case 64: return launch_group<T, 64, kPow2, false>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
+    case 128: return launch_group<T, 128, kPow2, false>(x, num_vectors, k, x_q, x_scale, scale_ld, stream);
     default: throw Error("activation.group_size: expected 32, 64 or 128, got " + std::to_string(group_size));
   }
 }
 
-template <typename T>
+template <typename T, bool kPermK>
 void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& recipe, uint8_t* x_q, float* x_scale,
                   int64_t scale_ld, cudaStream_t stream) {
   const int64_t num_vectors = m * k / 8;
   if (num_vectors == 0) return;
   switch (recipe.granularity) {
     case ActGranularity::PerTokenGroup:
-      if (recipe.pow2_scale) launch_group_size<T, true>(x, num_vectors, k, recipe.group_size, x_q, x_scale, scale_ld, stream);
-      else launch_group_size<T, false>(x, num_vectors, k, recipe.group_size, x_q, x_scale, scale_ld, stream);
+      if (recipe.pow2_scale) launch_group_size<T, true, kPermK>(x, num_vectors, k, recipe.group_size, x_q, x_scale, scale_ld, stream);
+      else launch_group_size<T, false, kPermK>(x, num_vectors, k, recipe.group_size, x_q, x_scale, scale_ld, stream);
       break;
     case ActGranularity::PerToken:
-      if (recipe.pow2_scale) launch_token<T, true>(x, m, k, x_q, x_scale, stream);
-      else launch_token<T, false>(x, m, k, x_q, x_scale, stream);
+      if (recipe.pow2_scale) launch_token<T, true, kPermK>(x, m, k, x_q, x_scale, stream);
+      else launch_token<T, false, kPermK>(x, m, k, x_q, x_scale, stream);
       break;
     case ActGranularity::StaticPerTensor: {
-      constexpr auto kernel = quant_static_kernel<T>;
+      constexpr auto kernel = quant_static_kernel<T, kPermK>;
       for (int64_t first = 0; first < num_vectors; first += kMaxSliceVectors) {
         const int n = static_cast<int>(std::min(num_vectors - first, kMaxSliceVectors));
         const unsigned grid = resident_grid<kernel>((n + 2 * kQuantThreads - 1) / (2 * kQuantThreads));
@@ -139,10 +144,25 @@ void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& reci
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename T>
+void launch_typed(const T* x, int64_t m, int64_t k, const ActivationRecipe& recipe, uint8_t* x_q, float* x_scale,
+                  int64_t scale_ld, bool perm_k, cudaStream_t stream) {
+  if (perm_k) launch_typed<T, true>(x, m, k, recipe, x_q, x_scale, scale_ld, stream);
+  else launch_typed<T, false>(x, m, k, recipe, x_q, x_scale, scale_ld, stream);
+}
+
 }  // namespace
 
+bool quantize_perm_k_ok(const ActivationRecipe& recipe, int64_t k) {
+  return k > 0 && k % 128 == 0 &&
+         (recipe.granularity != ActGranularity::PerTokenGroup || recipe.group_size == 128);
+}
+
 void launch_quantize_activations(const void* x, DType x_dtype, int64_t m, int64_t k, const ActivationRecipe& recipe,
-                                 uint8_t* x_q, float* x_scale, cudaStream_t stream, int64_t scale_ld) {
+                                 uint8_t* x_q, float* x_scale, cudaStream_t stream, int64_t scale_ld, bool perm_k) {
+  if (perm_k && (!quantize_perm_k_ok(recipe, k) || scale_ld != 0))
+    throw Error("x_q: permuted K (the FP4 decode order) needs K % 128 == 0, groups of 128 and row-major scales, got K=" +
+                std::to_string(k) + " scale_ld=" + std::to_string(scale_ld) + " for " + recipe.name());
   if (scale_ld != 0 &&
       (recipe.granularity != ActGranularity::PerTokenGroup || scale_ld < m || m * k / 8 > kMaxSliceVectors ||
        scale_ld * (k / std::max(1, recipe.group_size)) > INT32_MAX))
@@ -155,9 +175,10 @@ void launch_quantize_activations(const void* x, DType x_dtype, int64_t m, int64_
     throw Error("x: expected K divisible by the activation group size " + std::to_string(recipe.group_size) +
                 ", got K=" + std::to_string(k));
   switch (x_dtype) {
-    case DType::F32: return launch_typed(static_cast<const float*>(x), m, k, recipe, x_q, x_scale, scale_ld, stream);
-    case DType::BF16: return launch_typed(static_cast<const __nv_bfloat16*>(x), m, k, recipe, x_q, x_scale, scale_ld, stream);
-    case DType::F16: return launch_typed(static_cast<const __half*>(x), m, k, recipe, x_q, x_scale, scale_ld, stream);
+    case DType::F32: return launch_typed(static_cast<const float*>(x), m, k, recipe, x_q, x_scale, scale_ld, perm_k, stream);
+    case DType::BF16:
+      return launch_typed(static_cast<const __nv_bfloat16*>(x), m, k, recipe, x_q, x_scale, scale_ld, perm_k, stream);
+    case DType::F16: return launch_typed(static_cast<const __half*>(x), m, k, recipe, x_q, x_scale, scale_ld, perm_k, stream);
     default:
       throw Error(ErrorKind::Type, std::string("x: expected float32, bfloat16 or float16, got ") + dtype_name(x_dtype));
   }

@@ -17,6 +17,7 @@ namespace finegemm::cuda {
 namespace {
 
 std::atomic<long long> split_finishes{0};  // decode launches that finish their split-K themselves
+std::atomic<long long> perm_launches{0};   // decode launches on permuted activations (kPermK)
 
 // Stages (kStageK of K each; FP4 weights take about 7.7 KB per 128 of K at WN = 8 with the prepared scales): about
 // 50 KB (128) or 60 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share an SM; 2 CTAs at WN = 64 (its
@@ -25,85 +26,91 @@ std::atomic<long long> split_finishes{0};  // decode launches that finish their 
 // Half the stages (twice the CTAs per SM) measured the same (51.8 vs 51.2 µs at M = 1, N = 7168, K = 16384).
 // 128-row CTAs (E4M3 weights; one CTA per SM, registers): as many stages as fit in about 216 KB, at most 10: with 4
 // (64 KB of weights in flight on the SM) M = 64 took 66.9 µs against the 64-row kernel's 56.6 (N = 7168, K = 16384).
-template <int WN, int kStageK, bool kFp8W, int kRows = kFp4DecodeRows>
+// Permuted activations (kPermK, no fold area: about 5.4 KB per stage at WN = 8): 8 stages (not measured yet).
+template <int WN, int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, bool kPermK = false>
 constexpr int kFp4DecodeStages =
-    kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
-                 : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
+    kPermK ? 8
+    : kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
+                   : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
 // kSplitFinish: the instantiation that finishes its split-K itself (split_finish_in_kernel; one preparer only).
-template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1, bool kSplitFinish = false>
+// kPermK: the kernel on permuted activations (GemmParams::a_perm_k; dense only).
+template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1, bool kSplitFinish = false,
+          bool kPermK = false>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows, kGrouped,
-                                kPreparers, kSplitFinish>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows, kPermK>, kStageK, kFp8W, kRows,
+                                kGrouped, kPreparers, kSplitFinish, kPermK>;
 }
 
-template <int WN, int kStageK, bool kFp8W, int kRows>
+template <int WN, int kStageK, bool kFp8W, int kRows, bool kPermK = false>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows>, kStageK, kFp8W, kRows>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows, kPermK>, kStageK, kFp8W, kRows, kPermK>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
+template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>();
-    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK>();
+    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer only (choose_fp4_decode_config).
-    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
+    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1 && !kPermK) {
       FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     }
     if constexpr (kPreparers == 1)
-      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, 1, true>(),
+      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, 1, true, kPermK>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel,
-                                                                kFp4DecodeThreads<kFp8W, kRows, kPreparers>, kSmem));
+    FG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &ctas, kernel, kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>, kSmem));
     if (ctas <= 0) throw Error(ErrorKind::Runtime, "fp4 decode gemm: no CTA of the kernel fits on an SM");
     ctas_per_sm[slot].store(ctas);
   }
   return ctas;
 }
 
-template <int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
+template <int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false>
 int prepare(int wn, int device) {
   switch (wn) {
-    case 8: return prepare_kernel<8, kStageK, kFp8W, kRows, kPreparers>(device);
-    case 16: return prepare_kernel<16, kStageK, kFp8W, kRows, kPreparers>(device);
-    case 32: return prepare_kernel<32, kStageK, kFp8W, kRows, kPreparers>(device);
-    default: return prepare_kernel<64, kStageK, kFp8W, kRows, kPreparers>(device);
+    case 8: return prepare_kernel<8, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
+    case 16: return prepare_kernel<16, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
+    case 32: return prepare_kernel<32, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
+    default: return prepare_kernel<64, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
   }
 }
 
 int prepare(const Fp4DecodeConfig& c, int device) {
+  if (c.perm_k) return prepare<128, false, 64, 1, true>(c.wn, device);
   if (c.fp8_weights) return c.rows == 128 ? prepare<128, true, 128>(c.wn, device) : prepare<128, true, 64>(c.wn, device);
   if (c.stage_k == 256) return prepare<256, false, 64>(c.wn, device);
   return c.preparers == 2 ? prepare<128, false, 64, 2>(c.wn, device) : prepare<128, false, 64>(c.wn, device);
 }
 
-template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1>
+template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
             const DecodeGroups& groups, int* split_counters, cudaStream_t stream) {
   const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
   if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
   const unsigned grid = static_cast<unsigned>(ctas);
-  constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows, kPreparers>;
-  constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows>();
+  constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>;
+  constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK>();
   if (split_counters != nullptr && kPreparers != 1)
     throw Error("fp4 decode gemm: the split-K finish in the kernel takes one preparer warp, got " +
                 std::to_string(kPreparers));
   if (groups.slots == 0) {
     // With the in-kernel split-K reduction, a tile's split_k CTAs (consecutive along x) form one cluster.
-    const auto kernel = split_counters != nullptr ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, 1, true>()
-                                                  : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers>();
+    const auto kernel = split_counters != nullptr
+                            ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, 1, true, kPermK>()
+                            : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK>();
     launch_ex(p.pdl, p.decode_cluster_reduce ? c.split_k : 1, kernel, grid, kThreads, kSmem, stream, x, w, p, c.split_k,
               c.kb_per_split, c.swizzle, groups, c.tiles, split_counters);
-  } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
+  } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1 && !kPermK) {
     const auto kernel = split_counters != nullptr ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true>()
                                                   : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>();
     launch_programmatic(p.pdl, kernel, grid, kThreads, kSmem, stream, x, w, p, c.split_k, c.kb_per_split, c.swizzle,
@@ -114,14 +121,14 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
   }
 }
 
-template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1>
+template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1, bool kPermK = false>
 void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
                       const DecodeGroups& groups, int* split_counters, cudaStream_t stream) {
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
-    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
-    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
-    default: return launch<64, kStageK, kFp8W, kRows, kPreparers>(x, w, p, c, groups, split_counters, stream);
+    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
+    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
+    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
+    default: return launch<64, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
   }
 }
 
@@ -238,12 +245,18 @@ int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
 
 void count_split_finish() { ++split_finishes; }
 long long decode_split_finishes() { return split_finishes.load(); }
+long long fp4_decode_perm_launches() { return perm_launches.load(); }
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
 
-Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights, int slots) {
+Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights, int slots,
+                                         bool perm_k) {
+  if (perm_k && (fp8_weights || slots != 0))
+    throw Error("fp4 decode gemm: permuted activations take dense FP4 weights, got " +
+                std::string(fp8_weights ? "E4M3 weights" : "a grouped launch"));
   Fp4DecodeConfig c;
   c.fp8_weights = fp8_weights;
+  c.perm_k = perm_k;
   c.wn = fp4_decode_width(m);
   c.rows = kFp4DecodeRows;
   // The grouped kernel (slots > 0) exists for 64 rows and 128 of K per stage only: the switches below are dense-only.
@@ -255,7 +268,7 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.tiles = ceil_div(n, c.rows);
   c.slots = slots;
   c.stage_k = 128;
-  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced && !fp8_weights && slots == 0) {
+  if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_STAGE_K"); forced && *forced && !fp8_weights && slots == 0 && !perm_k) {
     c.stage_k = std::atoi(forced);
     if (c.stage_k != 128 && c.stage_k != 256)
       throw Error(std::string("FINEGEMM_FP4_DECODE_STAGE_K: expected 128 or 256, got '") + forced + "'");
@@ -265,7 +278,7 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
     const int v = std::atoi(forced);
     if (v != 1 && v != 2)
       throw Error(std::string("FINEGEMM_FP4_DECODE_PREPARERS: expected 1 or 2, got '") + forced + "'");
-    if (!fp8_weights && slots == 0 && c.stage_k == 128) c.preparers = v;
+    if (!fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k) c.preparers = v;
   }
   const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
@@ -291,9 +304,9 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d rows=%d preparers=%d\n",
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d rows=%d preparers=%d perm_k=%d\n",
                  fp8_weights ? "fp8" : "fp4", m, n, k, slots, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split,
-                 c.swizzle ? 1 : 0, c.rows, c.preparers);
+                 c.swizzle ? 1 : 0, c.rows, c.preparers, c.perm_k ? 1 : 0);
   return c;
 }
 
@@ -333,7 +346,11 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   const CUtensorMap tma_w = c.stage_k == 128
                                 ? make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
-  if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
+  if (c.perm_k) {
+    if (!p.a_perm_k) throw Error("fp4 decode gemm: the permuted kernel needs activations in its order (a_perm_k)");
+    launch_for_width<128, false, kFp4DecodeRows, 1, true>(tma_x, tma_w, p, c, groups, split_counters, stream);
+    ++perm_launches;
+  } else if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
   else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, split_counters, stream);
   else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
   FG_CUDA_CHECK(cudaGetLastError());

@@ -349,6 +349,12 @@ bool a_scale_bulk_ok(const GemmParams& p) {
          (p.a_scale_padded || p.m % 4 == 0);
 }
 
+bool fp4_decode_perm_wanted(const GemmParams& p) {
+  return p.b_fp4 && p.m <= 64 && p.k % 128 == 0 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
+         p.b_scale_fmt != ScaleFmt::F32 && p.a_group % 128 == 0 && decode_kernel_kind(p) == DecodeKind::Fp4 &&
+         env_switch("FINEGEMM_FP4_DECODE_PERM", false);
+}
+
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
   const bool promote = p.a_scale != nullptr || p.b_scale != nullptr || fp32_accum_wanted(p.k);
@@ -360,10 +366,14 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const DecodeKind decode_kind = p.m <= 64 && p.row_weight == nullptr && p.b_layout == BLayout::Plain
                                      ? decode_kernel_kind(p)
                                      : DecodeKind::None;
-  const bool fp4_decode = decode_kind == DecodeKind::Fp4 && env_switch("FINEGEMM_FP4_DECODE", true);
+  // Activations permuted for the decode kernel (linear(), fp4_decode_perm_wanted) go nowhere else.
+  const bool fp4_decode = decode_kind == DecodeKind::Fp4 && (p.a_perm_k || env_switch("FINEGEMM_FP4_DECODE", true));
+  if (p.a_perm_k && !fp4_decode)
+    throw Error("fp4 gemm: activations permuted for the FP4 decode kernel reached a call it does not serve (M=" +
+                std::to_string(p.m) + " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k) + ")");
   // The FP4 GEMV (sm90_fp4_gemv.cuh) where it serves the recipe: FINEGEMM_FP4_GEMV=1 up to M = 16, =0 never; by
   // default where it measured faster (fp4_gemv_default: M ≤ 8 at N ≤ 768).
-  const bool fp4_gemv = fp4_decode && fp4_gemv_ok(p, a, lda, b, ldb) &&
+  const bool fp4_gemv = fp4_decode && !p.a_perm_k && fp4_gemv_ok(p, a, lda, b, ldb) &&
                         env_switch("FINEGEMM_FP4_GEMV", fp4_gemv_default(p.m, p.n));
   const Fp4GemvConfig gemv = fp4_gemv ? choose_fp4_gemv_config(p.m, p.n, p.k, p.b_scale_fmt, num_sms_of_device(device), device)
                                       : Fp4GemvConfig{};
@@ -379,7 +389,8 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   const bool fp8_decode_default = (p.m <= 32 && (p.k > 512 || p.m < 8)) || (p.m <= 64 && p.k >= 8192);
   const bool fp8_decode = decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", fp8_decode_default);
   const Fp4DecodeConfig decode = (fp4_decode && !fp4_gemv) || fp8_decode
-                                     ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device, fp8_decode)
+                                     ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device,
+                                                                fp8_decode, 0, p.a_perm_k)
                                      : Fp4DecodeConfig{};
   // FP4 prefill: the weights expanded once into E4M3 (fp4_expand_weights.cuh), then the E4M3 GEMM. Byte UE8M0 scales
   // fold into one float scale per 128x128 tile where every tile's scales spread ≤ 8 binades, else per row and 128 of

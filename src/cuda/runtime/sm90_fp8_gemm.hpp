@@ -78,12 +78,14 @@ struct Fp4DecodeConfig {
   int rows = 64;  // weight rows per CTA: 64, or 128 for E4M3 weights (FINEGEMM_DECODE_ROWS=128: two warpgroups)
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
   int preparers = 1;  // FP4 scale-preparer warps: 1, or 2 (FINEGEMM_FP4_DECODE_PREPARERS=2; dense, 128 of K per stage)
+  bool perm_k = false;  // FP4 on permuted activations (GemmParams::a_perm_k): no preparer, 128 of K per stage, dense
 };
 int fp4_decode_width(int m);
 // fp8_weights: the same kernel on E4M3 weights with 64x128-constant block scales (FINEGEMM_FP8_DECODE=1, off).
 // slots: expert slots of a grouped launch (0: none); the split fills the GPU with slots × tiles CTAs.
+// perm_k: dense FP4 weights on permuted activations (GemmParams::a_perm_k, fp4_decode_perm_wanted).
 Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights = false,
-                                         int slots = 0);
+                                         int slots = 0, bool perm_k = false);
 // p.workspace set: partials for splitk_reduce_kernel (c.split_k > 1), unless the kernel finished the split-K itself
 // (FINEGEMM_DECODE_SPLIT_FINISH=1: the tile's last CTA sums the partials, the same bits): then it returns true and the
 // caller launches no reduce.
@@ -111,10 +113,17 @@ bool launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb
 // 32, 64 or multiples of 128 (FP4), per-token or static scales. None, Fp4 or Fp8.
 enum class DecodeKind { None, Fp4, Fp8 };
 DecodeKind decode_kernel_kind(const GemmParams& p);
+// Whether linear() quantizes the activations in the FP4 decode kernel's permuted K order (GemmParams::a_perm_k):
+// FINEGEMM_FP4_DECODE_PERM=1 (off until measured on the GPU) and a dense FP4 call that kernel serves with the fold:
+// M ≤ 64, K % 128 == 0, UE8M0 byte or packed scales, one activation scale per 128 of K. p: weights, their scales and
+// the activation group set (the activations themselves not yet). launch_sm90_fp8_gemm then takes that kernel.
+bool fp4_decode_perm_wanted(const GemmParams& p);
 
 // How many decode launches finished their split-K in the kernel (tests check that the switch took effect), and the
 // count's increment (the launchers, once per launch that takes it).
 long long decode_split_finishes();
+// Dense FP4 decode launches on permuted activations (GemmParams::a_perm_k), for tests.
+long long fp4_decode_perm_launches();
 void count_split_finish();
 // Tile counters for the split-K finish inside a decode kernel (split_finish_in_kernel): `count` ints, zero, for a call
 // on `stream` (eager or captured; sm90_fp4_decode.cu says how they are shared), or nullptr: none left, or an eager
