@@ -218,7 +218,9 @@ __device__ __forceinline__ uint2 quantize8_by_reciprocal(const float (&v)[8], fl
 template <bool kPermK, typename Index>
 __device__ __forceinline__ void store_codes(uint8_t* x_q, Index vec, uint2 codes) {
   if constexpr (kPermK) {
-    uint8_t* at = x_q + (vec >> 4) * 128 + fp4_perm_vector_offset(static_cast<int>(vec & 15));
+    // The block's start by pointer arithmetic (as the plain store's), not an int byte offset that could overflow.
+    uint8_t* at = reinterpret_cast<uint8_t*>(reinterpret_cast<uint2*>(x_q) + (vec & ~Index{15})) +
+                  fp4_perm_vector_offset(static_cast<int>(vec & 15));
     *reinterpret_cast<uint32_t*>(at) = codes.x;
     *reinterpret_cast<uint32_t*>(at + 16) = codes.y;
   } else {

@@ -8,7 +8,8 @@
 // is written to shared memory and the expansion is ALU work spread over 128 threads. The general kernel
 // (sm90_fp8_gemm.cuh) expands into shared memory with three loader warps, which bounded FP4 decode at 0.53 TB/s.
 //
-// CTA: one consumer warpgroup (warps 0-3), a loader warp (warp 4) and, for FP4 weights, a preparer warp (warp 5).
+// CTA: one consumer warpgroup (warps 0-3), a loader warp (warp 4) and, for FP4 weights, a preparer warp (warp 5; none
+// on permuted activations, kPermK below).
 //   - Loader: per stage (128 or 256 of K), TMA loads of the packed weight tile (64 rows × 64 or 128 bytes,
 //     swizzled) and the activation tile (WN rows × 128 bytes per 128 of K, 128-byte swizzle, rows past M
 //     zero-filled), and cp.async copies of the stage's scales into shared memory (weight scales per row and group,
@@ -249,7 +250,8 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // preparer warp; per 128 of K each consumer thread loads one 16-byte chunk per row (MX group t of it), folds its rows
 // from the scale words itself, and the warpgroup votes (bar.red.and) between the fold's one chain and, where some row
 // spreads past 8, four chains that each keep one group's lanes (promoted with that group's scale). Dense, 64 rows,
-// 128 of K per stage, K % 128 == 0, UE8M0 words, one activation scale per 128 (the host checks).
+// 128 of K per stage, K % 128 == 0, UE8M0 words, one activation scale per 128 (launch_sm90_fp4_decode checks:
+// fp4_decode_perm_ok).
 template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false,
           int kPreparers = 1, bool kSplitFinish = false, bool kPermK = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
@@ -333,7 +335,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   // empty[s]: one arrival per consumer thread, after its last read of the stage (or one per warp, after
   // __syncwarp, with p.decode_thread_release off: racecheck reported the reads of the activation scales against the
   // next cp.async into the stage there). landed[s] (FP4): the loader lanes' cp.async copies.
-  // Direct (p.fp4_decode_direct): no preparation; the loader's copies complete the full barrier.
+  // Direct (p.fp4_decode_direct) and permuted activations (kPermK): no preparation; the loader's copies complete the
+  // full barrier (1 + 32 arrivals) and `landed` is unused.
   const bool direct = !kFp8W && !kPermK && p.fp4_decode_direct;
   // In-kernel split-K (p.decode_cluster_reduce, dense launches in clusters of split_k CTAs, one tile each): every
   // thread of the cluster passes two cluster barriers (partials written; partials read). The producer warps pass
@@ -370,7 +373,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   cudaGridDependencySynchronize();
   // The split-K reduce (launched the same way) may start now; it waits for this grid to complete.
   if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
-  const bool word_scales = fp4_decode_word_scales(p);
+  // kPermK: UE8M0 words by construction (fp4_decode_perm_ok, checked at launch); no float branch in that build.
+  const bool word_scales = kPermK || fp4_decode_word_scales(p);
   // Steps (32 wide) per activation-scale group, less one: a power of two (1, 2 or 4: the host sends only groups
   // dividing 128 or multiples of it), so that the step tests are masks, not divisions. The fold needs 3 (one
   // activation scale over each 128 of K) and UE8M0 words.

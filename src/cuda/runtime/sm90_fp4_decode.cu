@@ -347,7 +347,11 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
                                 ? make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
   if (c.perm_k) {
-    if (!p.a_perm_k) throw Error("fp4 decode gemm: the permuted kernel needs activations in its order (a_perm_k)");
+    if (!p.a_perm_k || !fp4_decode_perm_ok(p))
+      throw Error("fp4 decode gemm: the permuted kernel takes activations in its order (a_perm_k) for dense FP4 "
+                  "weights with UE8M0 scales, M <= 64, K % 128 == 0 and one activation scale per 128 of K; got M=" +
+                  std::to_string(p.m) + " K=" + std::to_string(p.k) + " a_perm_k=" + std::to_string(p.a_perm_k) +
+                  " a_group=" + std::to_string(p.a_group));
     launch_for_width<128, false, kFp4DecodeRows, 1, true>(tma_x, tma_w, p, c, groups, split_counters, stream);
     ++perm_launches;
   } else if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, split_counters, stream);

@@ -349,10 +349,15 @@ bool a_scale_bulk_ok(const GemmParams& p) {
          (p.a_scale_padded || p.m % 4 == 0);
 }
 
-bool fp4_decode_perm_wanted(const GemmParams& p) {
+bool fp4_decode_perm_ok(const GemmParams& p) {
   return p.b_fp4 && p.m <= 64 && p.k % 128 == 0 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
-         p.b_scale_fmt != ScaleFmt::F32 && p.a_group % 128 == 0 && decode_kernel_kind(p) == DecodeKind::Fp4 &&
-         env_switch("FINEGEMM_FP4_DECODE_PERM", false);
+         p.b_scale_fmt != ScaleFmt::F32 && p.a_group % 128 == 0 &&
+         decode_kernel_kind(p) == DecodeKind::Fp4;
+}
+
+bool fp4_decode_perm_wanted(const GemmParams& p) {
+  return fp4_decode_perm_ok(p) && env_switch("FINEGEMM_FP4_DECODE_PERM", false) &&
+         env_switch("FINEGEMM_FP4_DECODE", true);
 }
 
 void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, GemmParams p, cudaStream_t stream) {

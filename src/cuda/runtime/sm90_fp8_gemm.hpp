@@ -118,6 +118,8 @@ DecodeKind decode_kernel_kind(const GemmParams& p);
 // M ≤ 64, K % 128 == 0, UE8M0 byte or packed scales, one activation scale per 128 of K. p: weights, their scales and
 // the activation group set (the activations themselves not yet). launch_sm90_fp8_gemm then takes that kernel.
 bool fp4_decode_perm_wanted(const GemmParams& p);
+// The recipe side of it (no switches): what the permuted kernel serves; launch_sm90_fp4_decode refuses anything else.
+bool fp4_decode_perm_ok(const GemmParams& p);
 
 // How many decode launches finished their split-K in the kernel (tests check that the switch took effect), and the
 // count's increment (the launchers, once per launch that takes it).
