@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1371,16 +1372,25 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     a.out = out_shape;
     MoeBar bar{a, ref};
     // On the GPU the experts (about 12 rows each) take the decode kernel: with the preparer warp and without it
-    // (FINEGEMM_FP4_DECODE_DIRECT=1), and with programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=1).
-    for (const auto& [direct, pdl] : {std::pair{"", ""}, {"1", ""}, {"", "1"}}) {
-      if ((*direct || *pdl) && !gpu()) continue;
-      SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + direct + " FINEGEMM_PDL=" + pdl);
+    // (FINEGEMM_FP4_DECODE_DIRECT=1), with programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=1), and on
+    // rows and an intermediate quantized in its permuted K order (FINEGEMM_FP4_DECODE_PERM=1: UE8M0 scales with
+    // activation groups of 128 take it, both GEMMs; the other variants keep the plain kernel).
+    const bool perm_served = v.kind != ScaleKind::F32Pow2 && v.act.group_size == 128;
+    for (const auto& [direct, pdl, perm] : {std::tuple{"", "", ""}, {"1", "", ""}, {"", "1", ""}, {"", "", "1"}}) {
+      if ((*direct || *pdl || *perm) && !gpu()) continue;
+      SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + direct + " FINEGEMM_PDL=" + pdl +
+                   " FINEGEMM_FP4_DECODE_PERM=" + perm);
       const ScopedEnv scope("FINEGEMM_FP4_DECODE_DIRECT", direct);
       const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
+      const ScopedEnv permuted("FINEGEMM_FP4_DECODE_PERM", perm);
+      const long long perm_before = gpu() ? cuda::fp4_decode_perm_launches() : 0;
       const Buffer out = run_moe(a, target());
       const auto cmp = testing::compare(out, ref);
       EXPECT_EQ(cmp.non_finite, 0);
       EXPECT_LE(cmp.rel, bar(cmp.rel));
+      if (gpu())
+        EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm_before, *perm && perm_served ? 2 : 0)
+            << "the permuted decode kernel: gate_up and down when the recipe allows it, else never";
     }
     double ref_norm = 0;
     for (int64_t i = 0; i < ref.numel(); ++i) ref_norm += std::fabs(testing::get(ref, i));

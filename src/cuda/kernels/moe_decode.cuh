@@ -73,6 +73,8 @@ __device__ __forceinline__ void moe_act8(const float* row, int64_t inter, MoeGat
   }
 }
 
+// kPermK: h_q in the FP4 decode kernel's K order within each 128 of I (store_codes; I % 128 == 0).
+template <bool kPermK>
 __global__ void __launch_bounds__(kActQuantThreads)
     moe_act_quant_rows_kernel(const float* __restrict__ y, int64_t ld, int64_t inter, MoeGateLayout layout,
                               int act_kind, float limit, float alpha, const int32_t* __restrict__ offsets,
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(kActQuantThreads)
   const int r = static_cast<int>(blockIdx.x);
   if (r >= offsets[num_experts]) return;  // the whole block: rows past the routed ones are never read
   const float* row = y + static_cast<int64_t>(r) * ld;
-  uint2* q = reinterpret_cast<uint2*>(h_q + static_cast<int64_t>(r) * inter);
+  uint8_t* q = h_q + static_cast<int64_t>(r) * inter;
   const int vecs = static_cast<int>(inter / 8);
   // Every lane of a warp runs each round (vectors past the row count as zeros), so that the shuffles are whole.
   const int rounds = (vecs + kActQuantThreads - 1) / kActQuantThreads;
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(kActQuantThreads)
       for (int o = lanes / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
       if (v < vecs) {
         const float s = dynamic_scale(amax, pow2);
-        q[v] = quantize8(x, s);
+        store_codes<kPermK>(q, v, quantize8(x, s));
         if (v % lanes == 0) h_scale[static_cast<int64_t>(r) * (inter / group) + v / lanes] = s;
       }
     }
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(kActQuantThreads)
   for (int v = threadIdx.x; v < vecs; v += kActQuantThreads) {
     float x[8];
     moe_act8(row, inter, layout, act_kind, limit, alpha, static_cast<int64_t>(v) * 8, x);
-    q[v] = quantize8(x, s);
+    store_codes<kPermK>(q, v, quantize8(x, s));
   }
 }
 

@@ -15,7 +15,8 @@ inline constexpr int kPermuteGroupLanes = kQuant == PermuteQuant::Group32 ? 4 : 
 
 // hidden [T, H]; thread `tid` owns the vectors (8 elements) tid, tid + blockDim, ... (kVecs of them at most).
 // blockDim is a multiple of 32, so a group of kLanes vectors sits in kLanes consecutive lanes of one warp.
-template <typename T, int kVecs, PermuteQuant kQuant>
+// kPermK: the codes in the FP4 decode kernel's K order within each 128 of H (store_codes; H % 128 == 0).
+template <typename T, int kVecs, PermuteQuant kQuant, bool kPermK = false>
 __global__ void moe_permute_quantize_kernel(const T* __restrict__ hidden, int hidden_size, int top_k,
                                             const int* __restrict__ slot_row, const int* __restrict__ row_expert,
                                             const float* __restrict__ static_scales, bool pow2,
@@ -92,13 +93,13 @@ __global__ void moe_permute_quantize_kernel(const T* __restrict__ hidden, int hi
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
         const int vec = u * blockDim.x + threadIdx.x;
-        if (vec < num_vectors) reinterpret_cast<uint2*>(out)[vec] = quantize8(v[u], s);
+        if (vec < num_vectors) store_codes<kPermK>(out, vec, quantize8(v[u], s));
       }
     } else {
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
         const int vec = u * blockDim.x + threadIdx.x;
-        if (vec < num_vectors) reinterpret_cast<uint2*>(out)[vec] = codes[u];
+        if (vec < num_vectors) store_codes<kPermK>(out, vec, codes[u]);
       }
       if constexpr (kQuant == PermuteQuant::Token) {
         if (threadIdx.x == 0) x_scale[row] = scale[0];

@@ -249,9 +249,9 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // kPermK: FP4 weights on activations permuted within each 128 of K (GemmParams::a_perm_k, fp4_perm_k_logical): no
 // preparer warp; per 128 of K each consumer thread loads one 16-byte chunk per row (MX group t of it), folds its rows
 // from the scale words itself, and the warpgroup votes (bar.red.and) between the fold's one chain and, where some row
-// spreads past 8, four chains that each keep one group's lanes (promoted with that group's scale). Dense, 64 rows,
-// 128 of K per stage, K % 128 == 0, UE8M0 words, one activation scale per 128 (launch_sm90_fp4_decode checks:
-// fp4_decode_perm_ok).
+// spreads past 8, four chains that each keep one group's lanes (promoted with that group's scale). 64 rows, 128 of K
+// per stage, K % 128 == 0, UE8M0 words, one activation scale per 128 (launch_sm90_fp4_decode checks:
+// fp4_decode_perm_ok); dense, or grouped (MoE experts on the decode path, moe_decode_perm_wanted).
 template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false,
           int kPreparers = 1, bool kSplitFinish = false, bool kPermK = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
@@ -274,8 +274,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   static_assert(!kFp8W || kStageK == 128, "E4M3 weights: 128 of K per stage (128-byte rows)");
   static_assert(kRows == 64 || (kRows == 128 && kFp8W), "kRows: 64, or 128 with E4M3 weights");
   static_assert(kPreparers == 1 || (kPreparers == 2 && !kFp8W && kRows == 64), "kPreparers: 2 with FP4 weights only");
-  static_assert(!kPermK || (!kFp8W && !kGrouped && kStageK == 128 && kRows == 64 && kPreparers == 1),
-                "kPermK: dense FP4 weights, 64 rows, 128 of K per stage, no preparer");
+  static_assert(!kPermK || (!kFp8W && kStageK == 128 && kRows == 64 && kPreparers == 1),
+                "kPermK: FP4 weights, 64 rows, 128 of K per stage, no preparer");
   using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows, kPermK>;
   constexpr int kConsumerWarps = kRows / 16;  // one warpgroup per 64 weight rows
   constexpr int kLoaderWarp = kConsumerWarps, kPreparerWarp = kConsumerWarps + 1;

@@ -148,6 +148,9 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
                       const MoeDecodeScratch* decode_scratch, bool chain) {
   if (in.rows > 0 && moe_decode_path(args, in.rows))
     return moe_expert_gemms_decode(args, in, y, y_f32, stream, decode_scratch, chain);
+  if (in.perm_k)
+    throw Error("moe experts: rows quantized in the FP4 decode kernel's order reached the grouped path (rows=" +
+                std::to_string(in.rows) + ")");
   const int64_t hidden = args.down.shape[1];
   const bool gated = moe_activation_has_gate(args.activation);
   const bool fp4 = args.weight_recipe.element == ElementType::FP4_E2M1;
@@ -286,8 +289,10 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
 
   // 2. Each token row read once, quantized, written to its experts' segments.
   const float* gate_up_act_scale = args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr;
+  // On the decode path with FP4 experts, in the permuted order of the decode kernel's FINEGEMM_FP4_DECODE_PERM=1.
+  const bool perm_k = decode && moe_decode_perm_wanted(args, rows);
   launch_moe_permute_quantize(args.hidden.data, args.hidden.dtype, num_tokens, hidden, top_k, routing, act,
-                              gate_up_act_scale, x_q.as<uint8_t>(), x_scale.as<float>(), stream, chain);
+                              gate_up_act_scale, x_q.as<uint8_t>(), x_scale.as<float>(), stream, chain, perm_k);
 
   // 3-4. gate_up (activation and requantization fused), then down times the routing weight: y [rows, H].
   PermutedRows in;
@@ -299,6 +304,7 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   in.num_experts = num_experts;
   in.gate_up_act_scale = gate_up_act_scale;
   in.down_act_scale = args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr;
+  in.perm_k = perm_k;
   moe_expert_gemms(args, in, y.as<void>(), y_f32, stream, decode_scratch ? &*decode_scratch : nullptr, chain);
 
   // 5. Combine: one gather per token, slots summed in order.

@@ -28,6 +28,11 @@ bool moe_gate_up_unfused(int64_t rows, int64_t gate_up_cols);
 // have rows: few rows per expert (at most 32 on average) and both GEMMs' recipes served by it. FINEGEMM_MOE_DECODE=0
 // turns it off, =1 takes it to any row count.
 bool moe_decode_path(const MoeArgs& args, int64_t rows);
+// Whether moe_experts quantizes the rows (and the decode path its intermediate) in the FP4 decode kernel's permuted K
+// order (GemmParams::a_perm_k): FINEGEMM_FP4_DECODE_PERM=1 (off until measured), the decode path, FP4 experts and both
+// GEMMs served by the permuted kernel (fp4_decode_perm_ok: UE8M0 scales, H and I multiples of 128, one activation
+// scale per 128).
+bool moe_decode_perm_wanted(const MoeArgs& args, int64_t rows);
 
 // Rows already routed, permuted (expert-major) and quantized: the input of the experts' GEMMs.
 struct PermutedRows {
@@ -39,6 +44,7 @@ struct PermutedRows {
   int num_experts = 0;                   // E: the experts of args.gate_up / args.down
   const float* gate_up_act_scale = nullptr;  // static: [E], the scale rows of expert e were quantized with
   const float* down_act_scale = nullptr;     // static: [E]
+  bool perm_k = false;  // x_q in the FP4 decode kernel's K order (moe_decode_perm_wanted): the decode path only
 };
 
 // The experts' two grouped GEMMs: gate_up with the activation and its requantization fused, then down with the

@@ -10,6 +10,7 @@
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/moe.hpp"
+#include "cuda/runtime/quant_activations.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
 namespace finegemm::cuda {
@@ -38,6 +39,25 @@ bool moe_decode_path(const MoeArgs& args, int64_t rows) {
   if (!(few_rows || (env && *env == '1'))) return false;
   return decode_kernel_kind(moe_expert_gemm_params(args, true, rows)) != DecodeKind::None &&
          decode_kernel_kind(moe_expert_gemm_params(args, false, rows)) != DecodeKind::None;
+}
+
+namespace {
+int64_t moe_inter(const MoeArgs& args);
+}  // namespace
+
+bool moe_decode_perm_wanted(const MoeArgs& args, int64_t rows) {
+  if (rows <= 0 || args.weight_recipe.element != ElementType::FP4_E2M1 ||
+      !env_switch("FINEGEMM_FP4_DECODE_PERM", false) || !env_switch("FINEGEMM_FP4_DECODE", true) ||
+      !moe_decode_path(args, rows))
+    return false;
+  const auto& act = args.activation_recipe;
+  if (!quantize_perm_k_ok(act, args.down.shape[1]) || !quantize_perm_k_ok(act, moe_inter(args))) return false;
+  for (const bool gate_up : {true, false}) {
+    GemmParams p = moe_expert_gemm_params(args, gate_up, rows);
+    if (act.granularity == ActGranularity::PerTokenGroup) p.a_group = act.group_size;
+    if (!fp4_decode_perm_ok(p, true)) return false;
+  }
+  return true;
 }
 
 namespace {
@@ -111,13 +131,16 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
     p.ldo = gate_up_rows;
     // Programmatic launch after the list kernel (FINEGEMM_PDL=1): it waits for the list before reading it.
     p.pdl = pdl;
+    p.a_perm_k = in.perm_k;
     launch_sm90_decode_grouped(in.x_q, hidden, args.gate_up.data, args.gate_up.strides[1], groups, wn_rows, p, stream);
   }
   // The activation and the intermediate's E4M3 codes and scales.
   const int64_t h_scale_cols = moe_h_scale_cols(args);
   {
     const MoeGateLayout layout = moe_gate_layout(args);
-    launch_programmatic(chain, moe_act_quant_rows_kernel, static_cast<unsigned>(rows), kActQuantThreads, 0, stream,
+    // With permuted rows (in.perm_k) the intermediate goes in the same order for down.
+    launch_programmatic(chain, in.perm_k ? moe_act_quant_rows_kernel<true> : moe_act_quant_rows_kernel<false>,
+                        static_cast<unsigned>(rows), kActQuantThreads, 0, stream,
                         y_gu.as<float>(), gate_up_rows, inter, layout, static_cast<int>(args.activation),
                         args.swiglu_limit, args.swiglu_alpha, in.expert_offsets, in.num_experts,
                         dynamic && !per_token ? act.group_size : 0, act.pow2_scale,
@@ -133,6 +156,7 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
     // so it reads them and requests its first weight tiles before it waits for the intermediate.
     p.pdl = pdl;
     p.pdl_groups_ready = true;
+    p.a_perm_k = in.perm_k;
     p.out = y;
     p.out_dtype = y_f32 ? OutDType::F32 : OutDType::BF16;
     p.ldo = hidden;

@@ -12,6 +12,7 @@
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/moe_routing.hpp"
+#include "cuda/runtime/quant_activations.hpp"
 
 namespace finegemm::cuda {
 namespace {
@@ -98,40 +99,54 @@ void launch_route_weights(const index_t* top_k_index, const void* top_k_weights,
 // The fewest vectors per thread (1, 2, 4 or 8) that cover the row with at most kPermuteMaxThreads threads.
 constexpr int kPermuteMaxThreads = 512;
 
-template <typename T, int kVecs, PermuteQuant kQuant>
+template <typename T, int kVecs, PermuteQuant kQuant, bool kPermK>
 void launch_permute_vecs(const T* hidden, int64_t num_tokens, int hidden_size, int top_k, const MoeRouting& routing,
                          const float* static_scales, bool pow2, uint8_t* x_q, float* x_scale, StreamLaunch stream) {
   const int num_vectors = hidden_size / 8;
   const int threads = ((num_vectors + kVecs - 1) / kVecs + 31) / 32 * 32;
-  launch_programmatic(stream.programmatic, moe_permute_quantize_kernel<T, kVecs, kQuant>,
+  launch_programmatic(stream.programmatic, moe_permute_quantize_kernel<T, kVecs, kQuant, kPermK>,
                       static_cast<unsigned>(num_tokens), threads, 0, stream.stream, hidden, hidden_size, top_k,
                       routing.slot_row, routing.row_expert, static_scales, pow2, x_q, x_scale);
   FG_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T, PermuteQuant kQuant>
+template <typename T, PermuteQuant kQuant, bool kPermK = false>
 void launch_permute_quant(const T* hidden, int64_t num_tokens, int hidden_size, int top_k, const MoeRouting& routing,
                           const float* static_scales, bool pow2, uint8_t* x_q, float* x_scale, StreamLaunch stream) {
   const int num_vectors = hidden_size / 8;
   if (num_vectors <= kPermuteMaxThreads)
-    launch_permute_vecs<T, 1, kQuant>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
+    launch_permute_vecs<T, 1, kQuant, kPermK>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
                                       x_scale, stream);
   else if (num_vectors <= 2 * kPermuteMaxThreads)
-    launch_permute_vecs<T, 2, kQuant>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
+    launch_permute_vecs<T, 2, kQuant, kPermK>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
                                       x_scale, stream);
   else if (num_vectors <= 4 * kPermuteMaxThreads)
-    launch_permute_vecs<T, 4, kQuant>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
+    launch_permute_vecs<T, 4, kQuant, kPermK>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
                                       x_scale, stream);
   else
-    launch_permute_vecs<T, 8, kQuant>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
+    launch_permute_vecs<T, 8, kQuant, kPermK>(hidden, num_tokens, hidden_size, top_k, routing, static_scales, pow2, x_q,
                                       x_scale, stream);
 }
 
+// perm_k: the FP4 decode kernel's K order (groups of 128, per token or static only: the caller checks).
 template <typename T>
 void launch_permute_typed(const T* hidden, int64_t num_tokens, int hidden_size, int top_k, const MoeRouting& routing,
                           const ActivationRecipe& recipe, const float* static_scales, uint8_t* x_q, float* x_scale,
-                          StreamLaunch stream) {
+                          StreamLaunch stream, bool perm_k) {
   const bool pow2 = recipe.pow2_scale;
+  if (perm_k) {
+    switch (recipe.granularity) {
+      case ActGranularity::PerTokenGroup:
+        return launch_permute_quant<T, PermuteQuant::Group128, true>(hidden, num_tokens, hidden_size, top_k, routing,
+                                                                     static_scales, pow2, x_q, x_scale, stream);
+      case ActGranularity::PerToken:
+        return launch_permute_quant<T, PermuteQuant::Token, true>(hidden, num_tokens, hidden_size, top_k, routing,
+                                                                  static_scales, pow2, x_q, x_scale, stream);
+      case ActGranularity::StaticPerTensor:
+        return launch_permute_quant<T, PermuteQuant::Static, true>(hidden, num_tokens, hidden_size, top_k, routing,
+                                                                   static_scales, pow2, x_q, x_scale, stream);
+    }
+  }
   switch (recipe.granularity) {
     case ActGranularity::PerTokenGroup:
       if (recipe.group_size == 128)
@@ -220,8 +235,11 @@ void launch_moe_route(const void* top_k_index, DType index_dtype, const void* to
 void launch_moe_permute_quantize(const void* hidden, DType hidden_dtype, int64_t num_tokens, int64_t hidden_size,
                                  int top_k, const MoeRouting& routing, const ActivationRecipe& recipe,
                                  const float* static_scales, uint8_t* x_q, float* x_scale, cudaStream_t stream,
-                                 bool programmatic) {
+                                 bool programmatic, bool perm_k) {
   check_routing_sizes(num_tokens, top_k, "moe_permute_quantize");
+  if (perm_k && !quantize_perm_k_ok(recipe, hidden_size))
+    throw Error("x_q: permuted K (the FP4 decode order) needs H % 128 == 0 and, for group scales, groups of 128, got H=" +
+                str(hidden_size) + " for " + recipe.name());
   constexpr int64_t kMaxHidden = 8 * 8 * kPermuteMaxThreads;  // 8 vectors of 8 per thread, 512 threads
   if (hidden_size <= 0 || hidden_size % 16 != 0 || hidden_size > kMaxHidden)
     throw Error("hidden: expected a hidden size that is a positive multiple of 16 and at most " + str(kMaxHidden) +
@@ -259,13 +277,13 @@ void launch_moe_permute_quantize(const void* hidden, DType hidden_dtype, int64_t
   switch (hidden_dtype) {
     case DType::F32:
       return launch_permute_typed(static_cast<const float*>(hidden), num_tokens, h, top_k, routing, recipe,
-                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic});
+                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic}, perm_k);
     case DType::BF16:
       return launch_permute_typed(static_cast<const __nv_bfloat16*>(hidden), num_tokens, h, top_k, routing, recipe,
-                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic});
+                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic}, perm_k);
     default:
       return launch_permute_typed(static_cast<const __half*>(hidden), num_tokens, h, top_k, routing, recipe,
-                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic});
+                                  static_scales, x_q, x_scale, StreamLaunch{stream, programmatic}, perm_k);
   }
 }
 

@@ -40,10 +40,12 @@ void launch_moe_route(const void* top_k_index, DType index_dtype, const void* to
 // Each token row of hidden [T, H] (F32/BF16/F16) is read once, quantized per `recipe`, and written to every permuted
 // row it routes to: x_q [T·k, H] E4M3, x_scale [T·k, H/group] (group) or [T·k] (token). Static recipe: the scale of
 // permuted row r is static_scales[row_expert[r]] (x_scale unused). Rows past expert_offsets[E] are not written.
+// perm_k: each row's codes in the FP4 decode kernel's K order within each 128 of H (GemmParams::a_perm_k;
+// quantize_perm_k_ok: H % 128 == 0, groups of 128).
 void launch_moe_permute_quantize(const void* hidden, DType hidden_dtype, int64_t num_tokens, int64_t hidden_size,
                                  int top_k, const MoeRouting& routing, const ActivationRecipe& recipe,
                                  const float* static_scales, uint8_t* x_q, float* x_scale, cudaStream_t stream,
-                                 bool programmatic = false);
+                                 bool programmatic = false, bool perm_k = false);
 
 // out[t] = Σ_{j = 0..k-1, slot_row[t,j] ≥ 0} y[slot_row[t, j]] in slot order (deterministic, no atomics).
 // y [T·k, H] is F32 or BF16 (rows already scaled by their routing weight); out [T, H] F32/BF16/F16.

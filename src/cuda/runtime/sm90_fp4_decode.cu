@@ -34,7 +34,7 @@ constexpr int kFp4DecodeStages =
                    : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
 // kSplitFinish: the instantiation that finishes its split-K itself (split_finish_in_kernel; one preparer only).
-// kPermK: the kernel on permuted activations (GemmParams::a_perm_k; dense only).
+// kPermK: the kernel on permuted activations (GemmParams::a_perm_k; dense or grouped).
 template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1, bool kSplitFinish = false,
           bool kPermK = false>
 auto fp4_decode_kernel() {
@@ -58,10 +58,10 @@ int prepare_kernel(int device) {
     constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer only (choose_fp4_decode_config).
-    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1 && !kPermK) {
-      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>(),
+    if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
+      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, false, kPermK>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true>(),
+      FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true, kPermK>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     }
     if constexpr (kPreparers == 1)
@@ -110,9 +110,10 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
                             : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK>();
     launch_ex(p.pdl, p.decode_cluster_reduce ? c.split_k : 1, kernel, grid, kThreads, kSmem, stream, x, w, p, c.split_k,
               c.kb_per_split, c.swizzle, groups, c.tiles, split_counters);
-  } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1 && !kPermK) {
-    const auto kernel = split_counters != nullptr ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true>()
-                                                  : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true>();
+  } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
+    const auto kernel = split_counters != nullptr
+                            ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, true, kPermK>()
+                            : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, false, kPermK>();
     launch_programmatic(p.pdl, kernel, grid, kThreads, kSmem, stream, x, w, p, c.split_k, c.kb_per_split, c.swizzle,
                         groups, c.tiles, split_counters);
   } else {
@@ -251,9 +252,7 @@ int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 
 
 Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights, int slots,
                                          bool perm_k) {
-  if (perm_k && (fp8_weights || slots != 0))
-    throw Error("fp4 decode gemm: permuted activations take dense FP4 weights, got " +
-                std::string(fp8_weights ? "E4M3 weights" : "a grouped launch"));
+  if (perm_k && fp8_weights) throw Error("fp4 decode gemm: permuted activations take FP4 weights, got E4M3 weights");
   Fp4DecodeConfig c;
   c.fp8_weights = fp8_weights;
   c.perm_k = perm_k;
@@ -347,7 +346,7 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
                                 ? make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 64, c.swizzle)
                                 : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
   if (c.perm_k) {
-    if (!p.a_perm_k || !fp4_decode_perm_ok(p))
+    if (!p.a_perm_k || !fp4_decode_perm_ok(p, groups.slots > 0))
       throw Error("fp4 decode gemm: the permuted kernel takes activations in its order (a_perm_k) for dense FP4 "
                   "weights with UE8M0 scales, M <= 64, K % 128 == 0 and one activation scale per 128 of K; got M=" +
                   std::to_string(p.m) + " K=" + std::to_string(p.k) + " a_perm_k=" + std::to_string(p.a_perm_k) +
@@ -389,7 +388,7 @@ void launch_sm90_decode_grouped(const void* a, int64_t lda, const void* b, int64
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   const Fp4DecodeConfig c = choose_fp4_decode_config(std::clamp(wn_rows, 1, 64), p.n, p.k, num_sms_of_device(device),
-                                                     device, kind == DecodeKind::Fp8, groups.slots);
+                                                     device, kind == DecodeKind::Fp8, groups.slots, p.a_perm_k);
   std::optional<StreamScratch> workspace;
   if (c.split_k > 1) {
     workspace.emplace(sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n, stream);

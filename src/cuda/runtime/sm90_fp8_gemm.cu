@@ -349,14 +349,14 @@ bool a_scale_bulk_ok(const GemmParams& p) {
          (p.a_scale_padded || p.m % 4 == 0);
 }
 
-bool fp4_decode_perm_ok(const GemmParams& p) {
-  return p.b_fp4 && p.m <= 64 && p.k % 128 == 0 && p.row_weight == nullptr && p.b_layout == BLayout::Plain &&
-         p.b_scale_fmt != ScaleFmt::F32 && p.a_group % 128 == 0 &&
-         decode_kernel_kind(p) == DecodeKind::Fp4;
+bool fp4_decode_perm_ok(const GemmParams& p, bool grouped) {
+  const bool dense_ok = p.m <= 64 && p.row_weight == nullptr;  // grouped launches run chunks of rows per expert
+  return p.b_fp4 && (grouped || dense_ok) && p.k % 128 == 0 && p.b_layout == BLayout::Plain &&
+         p.b_scale_fmt != ScaleFmt::F32 && p.a_group % 128 == 0 && decode_kernel_kind(p) == DecodeKind::Fp4;
 }
 
 bool fp4_decode_perm_wanted(const GemmParams& p) {
-  return fp4_decode_perm_ok(p) && env_switch("FINEGEMM_FP4_DECODE_PERM", false) &&
+  return fp4_decode_perm_ok(p, false) && env_switch("FINEGEMM_FP4_DECODE_PERM", false) &&
          env_switch("FINEGEMM_FP4_DECODE", true);
 }
 

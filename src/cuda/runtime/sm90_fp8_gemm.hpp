@@ -78,12 +78,12 @@ struct Fp4DecodeConfig {
   int rows = 64;  // weight rows per CTA: 64, or 128 for E4M3 weights (FINEGEMM_DECODE_ROWS=128: two warpgroups)
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
   int preparers = 1;  // FP4 scale-preparer warps: 1, or 2 (FINEGEMM_FP4_DECODE_PREPARERS=2; dense, 128 of K per stage)
-  bool perm_k = false;  // FP4 on permuted activations (GemmParams::a_perm_k): no preparer, 128 of K per stage, dense
+  bool perm_k = false;  // FP4 on permuted activations (GemmParams::a_perm_k): no preparer, 128 of K per stage
 };
 int fp4_decode_width(int m);
 // fp8_weights: the same kernel on E4M3 weights with 64x128-constant block scales (FINEGEMM_FP8_DECODE=1, off).
 // slots: expert slots of a grouped launch (0: none); the split fills the GPU with slots × tiles CTAs.
-// perm_k: dense FP4 weights on permuted activations (GemmParams::a_perm_k, fp4_decode_perm_wanted).
+// perm_k: FP4 weights on permuted activations (GemmParams::a_perm_k: fp4_decode_perm_wanted, moe_decode_perm_wanted).
 Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights = false,
                                          int slots = 0, bool perm_k = false);
 // p.workspace set: partials for splitk_reduce_kernel (c.split_k > 1), unless the kernel finished the split-K itself
@@ -118,8 +118,9 @@ DecodeKind decode_kernel_kind(const GemmParams& p);
 // M ≤ 64, K % 128 == 0, UE8M0 byte or packed scales, one activation scale per 128 of K. p: weights, their scales and
 // the activation group set (the activations themselves not yet). launch_sm90_fp8_gemm then takes that kernel.
 bool fp4_decode_perm_wanted(const GemmParams& p);
-// The recipe side of it (no switches): what the permuted kernel serves; launch_sm90_fp4_decode refuses anything else.
-bool fp4_decode_perm_ok(const GemmParams& p);
+// The recipe side of it (no switches): what the permuted kernel serves, dense (M ≤ 64, no row weight) or grouped (MoE
+// experts on the decode path, moe_decode_perm_wanted); launch_sm90_fp4_decode refuses anything else.
+bool fp4_decode_perm_ok(const GemmParams& p, bool grouped);
 
 // How many decode launches finished their split-K in the kernel (tests check that the switch took effect), and the
 // count's increment (the launchers, once per launch that takes it).
