@@ -264,8 +264,11 @@ struct Steps {
     cuda::launch_moe_route(a.top_k_index.data, a.top_k_index.dtype, a.top_k_weights.data, a.top_k_weights.dtype, tokens,
                            top_k, experts, routing, route_ws.data(), stream);
     if (ev) CHECK_CUDA(cudaEventRecord(ev[1], stream));
+    // The rows in the FP4 decode kernel's order where moe_experts writes them so (FINEGEMM_FP4_DECODE_PERM=1).
+    const bool perm_k = cuda::moe_decode_path(a, rows) && cuda::moe_decode_perm_wanted(a, rows);
     cuda::launch_moe_permute_quantize(a.hidden.data, a.hidden.dtype, tokens, hidden, top_k, routing, act, gate_up_static,
-                                      static_cast<uint8_t*>(x_q.data()), static_cast<float*>(x_scale.data()), stream);
+                                      static_cast<uint8_t*>(x_q.data()), static_cast<float*>(x_scale.data()), stream,
+                                      false, perm_k);
     if (ev) CHECK_CUDA(cudaEventRecord(ev[2], stream));
     if (cuda::moe_decode_path(a, rows) || fp4 || cuda::moe_gate_up_unfused(rows, a.gate_up.shape[1])) {
       // The decode path, FP4 experts and the unfused gate_up (moe.cu): both GEMMs and what runs between them as one
@@ -279,6 +282,7 @@ struct Steps {
       in.num_experts = experts;
       in.gate_up_act_scale = gate_up_static;
       in.down_act_scale = down_static;
+      in.perm_k = perm_k;
       cuda::moe_expert_gemms(a, in, y.data(), y_f32, stream);
       if (ev) CHECK_CUDA(cudaEventRecord(ev[3], stream));
       if (ev) CHECK_CUDA(cudaEventRecord(ev[4], stream));

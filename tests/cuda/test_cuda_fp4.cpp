@@ -25,7 +25,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1372,24 +1371,33 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     a.out = out_shape;
     MoeBar bar{a, ref};
     // On the GPU the experts (about 12 rows each) take the decode kernel: with the preparer warp and without it
-    // (FINEGEMM_FP4_DECODE_DIRECT=1), with programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=1), and on
-    // rows and an intermediate quantized in its permuted K order (FINEGEMM_FP4_DECODE_PERM=1: UE8M0 scales with
-    // activation groups of 128 take it, both GEMMs; the other variants keep the plain kernel).
+    // (FINEGEMM_FP4_DECODE_DIRECT=1), without programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=0; on by
+    // default), and on rows and an intermediate quantized in its permuted K order (FINEGEMM_FP4_DECODE_PERM=1: UE8M0
+    // scales with activation groups of 128 take it for both GEMMs, the other variants keep the plain kernel), also
+    // split in 2 along K (the reduce kernel, or the split finished in the kernel).
+    struct DecodeEnv {
+      const char *direct, *pdl, *perm, *split, *finish;
+    };
     const bool perm_served = v.kind != ScaleKind::F32Pow2 && v.act.group_size == 128;
-    for (const auto& [direct, pdl, perm] : {std::tuple{"", "", ""}, {"1", "", ""}, {"", "1", ""}, {"", "", "1"}}) {
-      if ((*direct || *pdl || *perm) && !gpu()) continue;
-      SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + direct + " FINEGEMM_PDL=" + pdl +
-                   " FINEGEMM_FP4_DECODE_PERM=" + perm);
-      const ScopedEnv scope("FINEGEMM_FP4_DECODE_DIRECT", direct);
-      const ScopedEnv programmatic("FINEGEMM_PDL", pdl);
-      const ScopedEnv permuted("FINEGEMM_FP4_DECODE_PERM", perm);
+    for (const DecodeEnv& d : {DecodeEnv{"", "", "", "", ""}, DecodeEnv{"1", "", "", "", ""}, DecodeEnv{"", "0", "", "", ""},
+                               DecodeEnv{"", "", "1", "", ""}, DecodeEnv{"", "", "1", "2", ""},
+                               DecodeEnv{"", "", "1", "2", "1"}}) {
+      if ((*d.direct || *d.pdl || *d.perm) && !gpu()) continue;
+      SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + d.direct + " FINEGEMM_PDL=" + d.pdl +
+                   " FINEGEMM_FP4_DECODE_PERM=" + d.perm + " FINEGEMM_FP4_DECODE_SPLIT=" + d.split +
+                   " FINEGEMM_DECODE_SPLIT_FINISH=" + d.finish);
+      const ScopedEnv direct("FINEGEMM_FP4_DECODE_DIRECT", d.direct), programmatic("FINEGEMM_PDL", d.pdl),
+          permuted("FINEGEMM_FP4_DECODE_PERM", d.perm), split("FINEGEMM_FP4_DECODE_SPLIT", d.split),
+          finish("FINEGEMM_DECODE_SPLIT_FINISH", d.finish);
+      // The decode path and kernel as by default, whatever the caller's environment says.
+      const ScopedEnv decode_path("FINEGEMM_MOE_DECODE", ""), fp4_decode("FINEGEMM_FP4_DECODE", "");
       const long long perm_before = gpu() ? cuda::fp4_decode_perm_launches() : 0;
       const Buffer out = run_moe(a, target());
       const auto cmp = testing::compare(out, ref);
       EXPECT_EQ(cmp.non_finite, 0);
       EXPECT_LE(cmp.rel, bar(cmp.rel));
       if (gpu())
-        EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm_before, *perm && perm_served ? 2 : 0)
+        EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm_before, *d.perm && perm_served ? 2 : 0)
             << "the permuted decode kernel: gate_up and down when the recipe allows it, else never";
     }
     double ref_norm = 0;

@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/runtime/gemm_args.hpp"
+#include "cuda/runtime/quant_activations.hpp"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 #include "core/device_buffer.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -1400,6 +1402,29 @@ TEST_F(CudaTest, QuantizeActivationsBitExact) {
     copy_to_host(ds.view, s);
     EXPECT_EQ(0, std::memcmp(q.bytes.data(), q_ref.bytes.data(), m * k)) << recipe.name() << " " << m << "x" << k;
     EXPECT_EQ(0, std::memcmp(s.bytes.data(), s_ref.bytes.data(), s.numel() * 4)) << recipe.name() << " " << m << "x" << k;
+
+    // The FP4 decode kernel's K order (perm_k, FINEGEMM_FP4_DECODE_PERM=1: K % 128 == 0, groups of 128, per token or
+    // static): the same codes with each 128-block permuted (element 8v + e at fp4_perm_vector_offset(v) + e, + 12
+    // for e >= 4), the same scales.
+    if (!cuda::quantize_perm_k_ok(recipe, k)) continue;
+    Buffer qp(DType::F8_E4M3, {m, k}), sp(s_ref.view.dtype, s_ref.view.sizes());
+    testing::poison(qp);
+    if (recipe.is_static()) *sp.ptr<float>() = *s_ref.ptr<float>();
+    else testing::poison(sp);
+    auto dqp = to_device(qp, kGpu), dsp = to_device(sp, kGpu);
+    cuda::launch_quantize_activations(dx.view.data, shape.dtype, m, k, recipe, dqp.view.ptr<uint8_t>(),
+                                      dsp.view.ptr<float>(), nullptr, 0, true);
+    synchronize(kGpu);
+    copy_to_host(dqp.view, qp);
+    copy_to_host(dsp.view, sp);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < m * k; ++i) {
+      const int e = static_cast<int>(i % 8), v = static_cast<int>(i % 128 / 8);
+      mismatches += qp.bytes[i / 128 * 128 + cuda::fp4_perm_vector_offset(v) + (e < 4 ? e : 12 + e)] != q_ref.bytes[i];
+    }
+    EXPECT_EQ(mismatches, 0) << recipe.name() << " " << m << "x" << k << ": permuted codes";
+    EXPECT_EQ(0, std::memcmp(sp.bytes.data(), s_ref.bytes.data(), sp.numel() * 4))
+        << recipe.name() << " " << m << "x" << k << ": permuted launch's scales";
   }
   }
 }

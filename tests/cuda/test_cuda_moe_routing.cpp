@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "core/device_buffer.hpp"
+#include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/moe_routing.hpp"
+#include "cuda/runtime/quant_activations.hpp"
 #include "testing.hpp"
 
 namespace finegemm {
@@ -343,6 +345,33 @@ TEST_F(CudaMoeRouting, PermuteQuantizeBitExact) {
         }
         EXPECT_EQ(scale_mismatches, 0) << what << ": scale bytes differ from the CPU reference";
         EXPECT_EQ(scales_past_end, 0) << what << ": x_scale written past the routed rows (or for a static recipe)";
+
+        // The FP4 decode kernel's K order (perm_k, FINEGEMM_FP4_DECODE_PERM=1; groups of 128, per token or static, H a
+        // multiple of 128): the same codes with each row's 128-blocks permuted (element 8v + e of a block at
+        // fp4_perm_vector_offset(v) + e, + 12 for e >= 4), the same scales, nothing past the routed rows.
+        if (!cuda::quantize_perm_k_ok(recipe, shape.hidden)) continue;
+        DeviceBuffer p_q = poisoned(static_cast<size_t>(rows * shape.hidden));
+        DeviceBuffer p_scale = poisoned(static_cast<size_t>(rows * scales_per_row * 4));
+        cuda::launch_moe_permute_quantize(d_hidden.data(), hidden_dtype, shape.tokens, shape.hidden, shape.top_k,
+                                          g.view(), recipe, static_cast<const float*>(d_static_scales.data()),
+                                          static_cast<uint8_t*>(p_q.data()),
+                                          recipe.is_static() ? nullptr : static_cast<float*>(p_scale.data()), nullptr,
+                                          false, true);
+        synchronize(kGpu);
+        const auto perm_q = download_bytes(p_q), perm_scale = download_bytes(p_scale);
+        int64_t perm_mismatches = 0, perm_past_end = 0;
+        for (size_t i = 0; i < perm_q.size(); ++i) {
+          if (i < q_bytes) {
+            const int e = static_cast<int>(i % 8), v = static_cast<int>(i % 128 / 8);
+            perm_mismatches += perm_q[i / 128 * 128 + cuda::fp4_perm_vector_offset(v) + (e < 4 ? e : 12 + e)] !=
+                               ref_q.bytes[i];
+          } else {
+            perm_past_end += perm_q[i] != 0xFF;
+          }
+        }
+        EXPECT_EQ(perm_mismatches, 0) << what << ": permuted codes differ from the CPU reference's, permuted";
+        EXPECT_EQ(perm_past_end, 0) << what << ": permuted x_q written past the routed rows";
+        EXPECT_TRUE(perm_scale == got_scale) << what << ": the permuted launch's scales differ";
       }
     }
   }
@@ -506,6 +535,19 @@ TEST(CudaMoeRoutingArgs, RejectsBadArguments) {
       "static_scales");
   expect_error([&] { launch_moe_permute_quantize(dummy, DType::I8, 4, 2048, 8, r, group, nullptr, codes, scales, {}); },
                "hidden: expected float32");
+  // The FP4 decode kernel's permuted order needs whole 128-blocks and groups of 128.
+  expect_error(
+      [&] {
+        launch_moe_permute_quantize(dummy, DType::BF16, 4, 2880, 8, r, ActivationRecipe::per_token(), nullptr, codes,
+                                    scales, {}, false, true);
+      },
+      "permuted K");
+  expect_error(
+      [&] {
+        launch_moe_permute_quantize(dummy, DType::BF16, 4, 2048, 8, r, ActivationRecipe::per_token_group(32), nullptr,
+                                    codes, scales, {}, false, true);
+      },
+      "permuted K");
   expect_error([&] { launch_moe_combine(dummy, DType::I32, r, 4, 8, 2048, dummy, DType::BF16, {}); }, "y: expected");
   expect_error([&] { launch_moe_combine(dummy, DType::BF16, r, 4, 8, 2048, dummy, DType::F8_E4M3, {}); },
                "out: expected");

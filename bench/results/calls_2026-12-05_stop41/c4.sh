@@ -5,7 +5,8 @@
 # (1) test_cuda_fp4: ExactPermutedDecode (launch counter: every recipe it serves takes it, the others do not), the
 #     crafted-spread tests whose check_exact_every_config now runs it (one wide row per tile, mixed blocks along K, K
 #     tail: falls back), and the random-data test (perm variant at M = 1 and 16).
-#     The crafted FP4 MoE test runs it on the decode path (both expert GEMMs, a launch count per variant).
+#     The crafted FP4 MoE test runs it on the decode path (both expert GEMMs, a launch count per variant, split 2 with
+#     and without the in-kernel finish); the quantizers' permuted stores bit for bit (dense and the MoE permute).
 # (2) bench_cuda_linear --bf16-input (linear() quantizes: the permuted order needs our own quantization, so both sides
 #     time it), graph replay, M = 1 / 16 / 64 over issue 3's seven shapes: mxfp4-group128 default vs permuted, and the
 #     FP8 weights (block-fp32-dynamic) beside.
@@ -17,9 +18,11 @@ B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
 el() { echo "($(( $(date +%s) - s0 )) s)"; }
 timeout 200 $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Linear.ExactPermutedDecode/cuda:Backends/Fp4Linear.ExactOneWideRowInATile/cuda:Backends/Fp4Linear.ExactMixedBlocksAlongK/cuda:Backends/Fp4Linear.ExactRandomSpreadsWithKTail/cuda' >$W/perm_tests.log 2>&1 &
 timeout 200 $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Random.LinearMatchesReference/cuda:Backends/Fp4Moe.*/cuda' >$W/random_tests.log 2>&1 &
+timeout 200 $B/tests/test_cuda_moe_routing --gtest_filter='CudaMoeRouting.PermuteQuantizeBitExact' >$W/quant_tests.log 2>&1 &
+timeout 200 $B/tests/test_cuda_linear --gtest_filter='CudaTest.QuantizeActivationsBitExact' >>$W/quant_tests.log 2>&1 &
 wait
 echo "tests $(el)"
-for f in perm_tests random_tests; do echo "-- $f"; grep -hE "^\[  (PASSED|FAILED)|Failure|actual|Which is|Expected|took it|did not" $W/$f.log | head -12; done
+for f in perm_tests random_tests quant_tests; do echo "-- $f"; grep -hE "^\[  (PASSED|FAILED)|Failure|actual|Which is|Expected|took it|did not" $W/$f.log | head -12; done
 show() { python3 -c '
 import json, sys
 for l in open(sys.argv[1]):

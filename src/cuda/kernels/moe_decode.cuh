@@ -1,7 +1,8 @@
 // The MoE block at decode sizes (moe_decode.cu): the experts' GEMMs run on the decode kernel (sm90_fp4_decode.cuh)
 // over the experts that have rows, listed here on the device; between gate_up and down, one block per row applies
 // the activation and quantizes the intermediate (per group, per row or with the expert's static scale).
-// NOTE: plain __global__ functions in a header: included by moe.cu only (a second includer would define them twice).
+// NOTE: plain __global__ functions in a header: included by moe_decode.cu only (a second includer would define them
+// twice).
 #pragma once
 #include <cstdint>
 

@@ -53,9 +53,9 @@ bool moe_decode_perm_wanted(const MoeArgs& args, int64_t rows) {
   const auto& act = args.activation_recipe;
   if (!quantize_perm_k_ok(act, args.down.shape[1]) || !quantize_perm_k_ok(act, moe_inter(args))) return false;
   for (const bool gate_up : {true, false}) {
-    GemmParams p = moe_expert_gemm_params(args, gate_up, rows);
-    if (act.granularity == ActGranularity::PerTokenGroup) p.a_group = act.group_size;
-    if (!fp4_decode_perm_ok(p, true)) return false;
+    // The GEMMs' own parameters (moe_expert_gemms_decode adds the activation scales and outputs, which the check
+    // does not read).
+    if (!fp4_decode_perm_ok(moe_expert_gemm_params(args, gate_up, rows), true)) return false;
   }
   return true;
 }

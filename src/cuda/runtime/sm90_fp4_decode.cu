@@ -57,7 +57,8 @@ int prepare_kernel(int device) {
     auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK>();
     constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer only (choose_fp4_decode_config).
+    // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer (none with kPermK;
+    // choose_fp4_decode_config).
     if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
       FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_decode_kernel<WN, kStageK, kFp8W, kRows, true, 1, false, kPermK>(),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -347,10 +348,11 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
                                 : make_tma_2d(b, w_rows, p.k / 2, ldb, kFp4DecodeRows, 128, false, !c.swizzle);
   if (c.perm_k) {
     if (!p.a_perm_k || !fp4_decode_perm_ok(p, groups.slots > 0))
-      throw Error("fp4 decode gemm: the permuted kernel takes activations in its order (a_perm_k) for dense FP4 "
-                  "weights with UE8M0 scales, M <= 64, K % 128 == 0 and one activation scale per 128 of K; got M=" +
-                  std::to_string(p.m) + " K=" + std::to_string(p.k) + " a_perm_k=" + std::to_string(p.a_perm_k) +
-                  " a_group=" + std::to_string(p.a_group));
+      throw Error("fp4 decode gemm: the permuted kernel takes activations in its order (a_perm_k) for FP4 weights "
+                  "with UE8M0 scales, K % 128 == 0 and one activation scale per 128 of K, dense (M <= 64, no row "
+                  "weight) or grouped; got M=" + std::to_string(p.m) + " K=" + std::to_string(p.k) +
+                  " a_perm_k=" + std::to_string(p.a_perm_k) + " a_group=" + std::to_string(p.a_group) +
+                  " slots=" + std::to_string(groups.slots));
     launch_for_width<128, false, kFp4DecodeRows, 1, true>(tma_x, tma_w, p, c, groups, split_counters, stream);
     ++perm_launches;
   } else if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
