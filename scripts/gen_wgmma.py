@@ -37,7 +37,7 @@ struct WgmmaFp8<{n}> {{
 
 # A from registers (four .b32 of E4M3 per thread, the m64k32 register fragment), B from shared memory: the swap-AB
 # decode kernels, whose weights are expanded from FP4 in registers (sm90_fp4_decode.cuh).
-REG_A_NS = [8, 16, 32, 64]
+REG_A_NS = [8, 16, 32, 64, 128]
 print("""template <int N>
 struct WgmmaFp8RegA {
   static_assert(N < 0, "WgmmaFp8RegA: no wrapper generated for this N (see scripts/gen_wgmma.py)");

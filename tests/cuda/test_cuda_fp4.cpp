@@ -1247,6 +1247,22 @@ struct ExpertWeights {
   std::vector<int64_t> wide;  // per expert: (row, block) pairs with spread > 8
 };
 
+// The MoE block's arguments over FP4 experts (the activation function and output are the caller's).
+MoeArgs fp4_moe_args(const Buffer& x, const Buffer& index, const Buffer& weights, const ExpertWeights& gate_up,
+                     const ExpertWeights& down, ScaleKind kind, const ActivationRecipe& act) {
+  MoeArgs a;
+  a.hidden = x;
+  a.top_k_index = index;
+  a.top_k_weights = weights;
+  a.gate_up = gate_up.weight;
+  a.gate_up_scale = gate_up.scale;
+  a.down = down.weight;
+  a.down_scale = down.scale;
+  a.weight_recipe = recipe_of(kind);
+  a.activation_recipe = act;
+  return a;
+}
+
 // [E, rows, cols] FP4 experts. Experts in `promote` spread every (row, block) over 9..24; experts in `mixed` draw
 // per band as random_spread_matrix does; the others fold (spreads 0..8; with shared_top every row block tops out at
 // 2^-5, so each 128x128 tile folds too).
@@ -1342,16 +1358,7 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
 
     const Buffer x = testing::random_tensor(DType::BF16, {tokens, hidden});
     Buffer gate_up_bias, down_bias;
-    MoeArgs a;
-    a.hidden = x;
-    a.top_k_index = index;
-    a.top_k_weights = weights;
-    a.gate_up = gate_up.weight;
-    a.gate_up_scale = gate_up.scale;
-    a.down = down.weight;
-    a.down_scale = down.scale;
-    a.weight_recipe = recipe_of(v.kind);
-    a.activation_recipe = v.act;
+    MoeArgs a = fp4_moe_args(x, index, weights, gate_up, down, v.kind, v.act);
     if (v.bias) {
       gate_up_bias = testing::random_tensor(DType::F32, {experts, 2 * inter}, 0.5f);
       down_bias = testing::random_tensor(DType::F32, {experts, hidden}, 0.5f);
@@ -1489,6 +1496,52 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+
+// The permuted decode kernel's 128-token chunks (FINEGEMM_FP4_DECODE_PERM=1 with the decode path forced,
+// FINEGEMM_MOE_DECODE=1): 300 tokens over four used experts of six (two empty), top-2, so about 150 rows per expert:
+// token tiles of 128, two chunks per expert (the second partial), the activation scales of tokens 64..127 copied by
+// the loader's extra lanes. One expert promotes everywhere (its tiles take the four chains), one mixes, two fold.
+// Against the reference with the MoE bar, and with the launch count of the permuted kernel (both GEMMs).
+TEST_P(Fp4Moe, PermutedDecodeWideTokenTiles) {
+  if (!gpu()) GTEST_SKIP() << "the permuted decode is a CUDA path";
+  const int64_t hidden = 512, inter = 256, experts = 6, top_k = 2, tokens = 300;
+  const ExpertWeights gate_up = make_experts(experts, 2 * inter, hidden, ScaleKind::UE8M0, {1}, {3});
+  const ExpertWeights down = make_experts(experts, hidden, inter, ScaleKind::UE8M0, {1}, {3});
+  const std::vector<int64_t> used = {0, 1, 3, 4};
+  Buffer index(DType::I32, {tokens, top_k}), weights(DType::F32, {tokens, top_k});
+  std::vector<int64_t> routed(experts, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int64_t> pick = used;
+    std::shuffle(pick.begin(), pick.end(), testing::rng());
+    for (int64_t j = 0; j < top_k; ++j) {
+      index.ptr<int32_t>()[t * top_k + j] = static_cast<int32_t>(pick[j]);
+      weights.ptr<float>()[t * top_k + j] = std::uniform_real_distribution<float>(0.1f, 1.0f)(testing::rng());
+      ++routed[pick[j]];
+    }
+  }
+  for (int64_t e : used) ASSERT_GT(routed[e], 128) << "self-check: expert " << e << " takes two token tiles";
+  const Buffer x = testing::random_tensor(DType::BF16, {tokens, hidden});
+  for (const ActivationRecipe& act : {ActivationRecipe::per_token_group(128, true), ActivationRecipe::per_token_group(128)}) {
+    SCOPED_TRACE(act.name());
+    MoeArgs a = fp4_moe_args(x, index, weights, gate_up, down, ScaleKind::UE8M0, act);
+    a.activation = MoeActivation::SwiGLU;
+    Buffer ref(DType::F32, {tokens, hidden});
+    testing::poison(ref);
+    a.out = ref;
+    moe_experts(a, {Backend::Reference});
+    Buffer out_shape(DType::F32, {tokens, hidden});
+    a.out = out_shape;
+    MoeBar bar{a, ref};
+    const ScopedEnv decode_path("FINEGEMM_MOE_DECODE", "1"), permuted("FINEGEMM_FP4_DECODE_PERM", "1"),
+        fp4_decode("FINEGEMM_FP4_DECODE", "");
+    const long long before = cuda::fp4_decode_perm_launches();
+    const Buffer out = run_moe(a, target());
+    const auto cmp = testing::compare(out, ref);
+    EXPECT_EQ(cmp.non_finite, 0);
+    EXPECT_LE(cmp.rel, bar(cmp.rel));
+    EXPECT_EQ(cuda::fp4_decode_perm_launches() - before, 2) << "gate_up and down on the permuted kernel";
+  }
+}
 
 std::string target_name(const ::testing::TestParamInfo<Target>& info) { return info.param.name; }
 void PrintTo(const Target& target, std::ostream* os) { *os << target.name; }

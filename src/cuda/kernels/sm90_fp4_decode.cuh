@@ -264,12 +264,13 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 // CTAs per SM (3 asked for spilled: 80 registers, the sub-partitions' register files); at WN = 64, 2 CTAs cost 136
 // bytes of spills (128 registers).
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>,
-                                  kRows == 128 ? 1 : (WN == 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
+                                  kRows == 128 ? 1 : (WN >= 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
                            int tiles, int* split_counters) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
+  static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64 || (WN == 128 && kPermK),
+                "WN: 8, 16, 32 or 64 token columns, or 128 on permuted activations");
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
   static_assert(!kFp8W || kStageK == 128, "E4M3 weights: 128 of K per stage (128-byte rows)");
   static_assert(kRows == 64 || (kRows == 128 && kFp8W), "kRows: 64, or 128 with E4M3 weights");
@@ -500,6 +501,21 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
             }
           }
         }
+        // WN = 128: the activation scales of tokens 64..127 (lanes take tokens lane + 64 and lane + 96).
+        if constexpr (WN > 64) {
+          if (p.a_scale) {
+#pragma unroll
+            for (int h = 2; h < WN / 32; ++h) {
+              const float* x_row_h = p.a_scale + static_cast<int64_t>(tok0 + min(lane + 32 * h, tok_last)) * p.a_scale_stride_m;
+#pragma unroll
+              for (int st = 0; st < kSteps; ++st) {
+                if (st & xgroup_mask) continue;
+                const int xg = min(x_pow2 ? (step0 + st) >> x_shift : (step0 + st) * 32 / p.a_group, x_last);
+                ptx::cp_async_4(xs + st * WN + lane + 32 * h, x_row_h + static_cast<int64_t>(xg) * p.a_scale_stride_k);
+              }
+            }
+          }
+        }
         ptx::cp_async_mbar_arrive_noinc(kFp8W || kPermK || direct ? &full[stage] : &landed[stage]);
       }
     }
@@ -604,14 +620,17 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
       // that group's scale: exact either way.
       const int chunk_off[2] = {fp4_perm_chunk_offset(r0, t, swizzle), fp4_perm_chunk_offset(r0 + 8, t, swizzle)};
       const uint2 plain_tab = fold_tab[0];
-      // total += acc · (row r0's, row r0 + 8's scale) · the tokens' scales.
-      auto add_block = [&](const float (&acc)[kAcc], const float (&row_scale)[2], const float2 (&xv)[WN / 8]) {
+      // total += acc · (row r0's, row r0 + 8's scale) · the tokens' scales of the stage's block (xs: one per token
+      // over its 128 of K; 1 without group scales), read here rather than held across the wgmma (WN = 128: 32
+      // registers).
+      auto add_block = [&](const float (&acc)[kAcc], const float (&row_scale)[2], const float* xs) {
 #pragma unroll
         for (int j = 0; j < WN / 8; ++j) {
-          total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv[j].x, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv[j].y, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv[j].x, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
+          const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+          total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv.x, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv.y, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv.x, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv.y, total[4 * j + 3]);
         }
       };
       for (int i = i_begin; i < i_end; ++i, ring.advance()) {
@@ -628,14 +647,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         bool fold = fp4_perm_fold(word[0], t, emax[0], dist[0]);
         fold = fp4_perm_fold(word[1], t, emax[1], dist[1]) && fold;
         fold = ptx::named_bar_red_and<2, 32 * kConsumerWarps>(fold);
-        // The tokens' scales of this block (one per token over its 128 of K; 1 without group scales).
-        float2 xv[WN / 8];
-#pragma unroll
-        for (int j = 0; j < WN / 8; ++j)
-          xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-        uint32_t a[4][4];
         if (fold) {
           const uint2 tab0 = fold_tab[dist[0]], tab1 = fold_tab[dist[1]];
+          uint32_t a[4][4];
           fp4_perm_fragments(codes0, codes1, tab0.x, tab0.y, tab1.x, tab1.y, a);
           float acc[kAcc];
           ptx::wgmma_fence();
@@ -649,17 +663,18 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
           ptx::fence_operands(acc);
 #pragma unroll
           for (int s = 0; s < 4; ++s) fence_regs(a[s]);
-          add_block(acc, row_scale, xv);
+          add_block(acc, row_scale, xs);
         } else {
-          fp4_perm_fragments(codes0, codes1, plain_tab.x, plain_tab.y, plain_tab.x, plain_tab.y, a);
 #pragma unroll 1
           for (int g = 0; g < 4; ++g) {
-            // Chain g: the lanes of group g keep their codes, the others feed zeros.
+            // Chain g: the lanes of group g feed their codes (expanded again for each chain: registers are short at
+            // WN = 128, and this path is rare), the others zeros.
             uint32_t kept[4][4];
+            fp4_perm_fragments(codes0, codes1, plain_tab.x, plain_tab.y, plain_tab.x, plain_tab.y, kept);
 #pragma unroll
             for (int s = 0; s < 4; ++s)
 #pragma unroll
-              for (int r = 0; r < 4; ++r) kept[s][r] = t == g ? a[s][r] : 0u;
+              for (int r = 0; r < 4; ++r) kept[s][r] = t == g ? kept[s][r] : 0u;
             float acc[kAcc];
             ptx::wgmma_fence();
 #pragma unroll
@@ -672,7 +687,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
             ptx::fence_operands(acc);
 #pragma unroll
             for (int s = 0; s < 4; ++s) fence_regs(kept[s]);
-            add_block(acc, w_scale, xv);
+            add_block(acc, w_scale, xs);
           }
         }
         if (p.decode_thread_release) {

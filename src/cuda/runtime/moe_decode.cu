@@ -17,10 +17,11 @@ namespace finegemm::cuda {
 
 namespace {
 
-// Rows per expert the decode path sizes its token tiles for (twice the mean over the experts that can have rows).
-int decode_rows_per_expert(int64_t rows, int num_experts) {
+// Rows per expert the decode path sizes its token tiles for (twice the mean over the experts that can have rows): up to
+// 64, or 128 on permuted activations (its kernel's widest token tile).
+int decode_rows_per_expert(int64_t rows, int num_experts, bool perm_k) {
   const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(num_experts, rows));
-  return static_cast<int>(std::clamp<int64_t>(2 * ((rows + experts - 1) / experts), 1, 64));
+  return static_cast<int>(std::clamp<int64_t>(2 * ((rows + experts - 1) / experts), 1, perm_k ? 128 : 64));
 }
 
 }  // namespace
@@ -101,7 +102,7 @@ void moe_expert_gemms_decode(const MoeArgs& args, const PermutedRows& in, void* 
   const auto& act = args.activation_recipe;
   const bool dynamic = !act.is_static(), per_token = act.granularity == ActGranularity::PerToken;
   const int64_t rows = in.rows;
-  const int wn_rows = decode_rows_per_expert(rows, in.num_experts);
+  const int wn_rows = decode_rows_per_expert(rows, in.num_experts, in.perm_k);
   // Programmatic dependent launch of gate_up and down (FINEGEMM_PDL=0 turns it off). DeepSeek-V3 T = 1 on the H200:
   // FP8 125.7 vs 129.0 µs, FP4 117.8 vs 123.1 (bench/results/decode_pdl_2026-12-02_1a01a29.json).
   const bool pdl = env_switch("FINEGEMM_PDL", true);

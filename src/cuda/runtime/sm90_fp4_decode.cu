@@ -26,10 +26,11 @@ std::atomic<long long> perm_launches{0};   // decode launches on permuted activa
 // Half the stages (twice the CTAs per SM) measured the same (51.8 vs 51.2 µs at M = 1, N = 7168, K = 16384).
 // 128-row CTAs (E4M3 weights; one CTA per SM, registers): as many stages as fit in about 216 KB, at most 10: with 4
 // (64 KB of weights in flight on the SM) M = 64 took 66.9 µs against the 64-row kernel's 56.6 (N = 7168, K = 16384).
-// Permuted activations (kPermK, no fold area: about 5.4 KB per stage at WN = 8): 8 stages (not measured yet).
+// Permuted activations (kPermK, no fold area: about 5.4 KB per stage at WN = 8): 8 stages, and 4 at WN = 128 (about
+// 21 KB a stage: two CTAs per SM); not measured yet.
 template <int WN, int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, bool kPermK = false>
 constexpr int kFp4DecodeStages =
-    kPermK ? 8
+    kPermK ? (WN == 128 ? 4 : 8)
     : kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
                    : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
@@ -78,6 +79,9 @@ int prepare_kernel(int device) {
 
 template <int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false>
 int prepare(int wn, int device) {
+  if constexpr (kPermK) {
+    if (wn == 128) return prepare_kernel<128, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
+  }
   switch (wn) {
     case 8: return prepare_kernel<8, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
     case 16: return prepare_kernel<16, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
@@ -126,6 +130,9 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
 template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1, bool kPermK = false>
 void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
                       const DecodeGroups& groups, int* split_counters, cudaStream_t stream) {
+  if constexpr (kPermK) {
+    if (c.wn == 128) return launch<128, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
+  }
   switch (c.wn) {
     case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
     case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
@@ -257,7 +264,8 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   Fp4DecodeConfig c;
   c.fp8_weights = fp8_weights;
   c.perm_k = perm_k;
-  c.wn = fp4_decode_width(m);
+  // Permuted activations also take chunks of 128 tokens (grouped launches with more than 64 rows per expert).
+  c.wn = perm_k && m > 64 ? 128 : fp4_decode_width(m);
   c.rows = kFp4DecodeRows;
   // The grouped kernel (slots > 0) exists for 64 rows and 128 of K per stage only: the switches below are dense-only.
   if (const char* forced = std::getenv("FINEGEMM_DECODE_ROWS"); forced && *forced && fp8_weights && slots == 0) {
@@ -389,8 +397,9 @@ void launch_sm90_decode_grouped(const void* a, int64_t lda, const void* b, int64
   if (kind == DecodeKind::None) throw Error("decode grouped gemm: the recipe is not one the decode kernel serves");
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
-  const Fp4DecodeConfig c = choose_fp4_decode_config(std::clamp(wn_rows, 1, 64), p.n, p.k, num_sms_of_device(device),
-                                                     device, kind == DecodeKind::Fp8, groups.slots, p.a_perm_k);
+  const Fp4DecodeConfig c = choose_fp4_decode_config(std::clamp(wn_rows, 1, p.a_perm_k ? 128 : 64), p.n, p.k,
+                                                     num_sms_of_device(device), device, kind == DecodeKind::Fp8,
+                                                     groups.slots, p.a_perm_k);
   std::optional<StreamScratch> workspace;
   if (c.split_k > 1) {
     workspace.emplace(sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n, stream);
