@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 41, call 4 (carry [".snap"] after scripts/pack-prebuilt; ~8 min): the FP4 decode kernel on permuted activations
+# Stop 41, call 4 (carry [".snap"] after scripts/pack-prebuilt; ~6 min): the FP4 decode kernel on permuted activations
 # (FINEGEMM_FP4_DECODE_PERM=1, written without a GPU): tests first, then the A/B that decides issue 5's decode bar
 # (FP4 >= 1.6x faster than FP8 weights at M <= 64).
 # (1) test_cuda_fp4: ExactPermutedDecode (launch counter: every recipe it serves takes it, the others do not), the
@@ -12,7 +12,7 @@
 #     FP8 weights (block-fp32-dynamic) beside.
 # (3) The DeepSeek-V3 MoE layer at T = 1 and 16 (decode path): FP4 experts default and permuted, FP8 experts beside
 #     (issue 5's MoE decode bar: FP4 1.6x faster than FP8).
-# (4) T = 1024 and 4096 on the permuted kernel's 128-token tiles (the decode path forced) against the FP4 default.
+# Then c5.sh: prefill sizes on its 128-token tiles and the sanitizers.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -47,13 +47,5 @@ for e in "FINEGEMM_FP4_DECODE_PERM=0" "FINEGEMM_FP4_DECODE_PERM=1"; do
 done
 timeout 40 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1,16 --recipes dynamic --check-tokens 1 >$W/moe_fp8.log 2>&1
 echo "-- DeepSeek-V3 FP8 experts $(el)"; showmoe $W/moe_fp8.log
-# (4) Prefill sizes on the permuted decode kernel's 128-token tiles (FINEGEMM_MOE_DECODE=1 FINEGEMM_FP4_DECODE_PERM=1)
-#     against the FP4 default (lean kernel) and the FP8 layer: issue 5's MoE prefill bar (85% of FP8 at T = 4096).
-for e in "FINEGEMM_FP4_DECODE_PERM=0" "FINEGEMM_MOE_DECODE=1 FINEGEMM_FP4_DECODE_PERM=1"; do
-  env $e timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1024,4096 --recipes fp4 --check-tokens 1 >$W/moep_${e##*=}.log 2>&1
-  echo "-- DeepSeek-V3 FP4 experts T = 1024, 4096: $e $(el)"; showmoe $W/moep_${e##*=}.log
-done
-timeout 50 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1024,4096 --recipes dynamic --check-tokens 1 >$W/moep_fp8.log 2>&1
-echo "-- DeepSeek-V3 FP8 experts T = 1024, 4096 $(el)"; showmoe $W/moep_fp8.log
 cd $OUT && tar czf all.tgz w && rm -rf w
 echo "total $(( $(date +%s) - s0 )) s"
