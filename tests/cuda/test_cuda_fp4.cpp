@@ -1502,31 +1502,32 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
 // ---------------------------------------------------------------------------------------------------------------
 
 // The permuted decode kernel's 128-token chunks (FINEGEMM_FP4_DECODE_PERM=1 with the decode path forced,
-// FINEGEMM_MOE_DECODE=1): 300 tokens over four used experts of six (two empty), top-2, so about 150 rows per expert:
-// token tiles of 128, two chunks per expert (the second partial), the activation scales of tokens 64..127 copied by
-// the loader's extra lanes. One expert promotes everywhere (its tiles take the four chains), one mixes, two fold.
-// Against the reference with the MoE bar, and with the launch count of the permuted kernel (both GEMMs).
+// FINEGEMM_MOE_DECODE=1): 300 tokens over four used experts of six (two empty), top-2, each token on one of the six
+// pairs of the four in turn, so 150 rows per expert: token tiles of 128 (decode_rows_per_expert: twice the mean of
+// 100 over six experts), two chunks per expert (the second partial), the activation scales of tokens 64..127 copied
+// by the loader's extra lanes. One expert promotes everywhere (its tiles take the four chains), one mixes, two fold.
+// Unsplit, split in 2 along K (the reduce kernel) and split with the in-kernel finish; against the reference with the
+// MoE bar, with the launch counts of the permuted kernel (both GEMMs, both on 128-token tiles).
 TEST_P(Fp4Moe, PermutedDecodeWideTokenTiles) {
   if (!gpu()) GTEST_SKIP() << "the permuted decode is a CUDA path";
   const int64_t hidden = 512, inter = 256, experts = 6, top_k = 2, tokens = 300;
   const ExpertWeights gate_up = make_experts(experts, 2 * inter, hidden, ScaleKind::UE8M0, {1}, {3});
   const ExpertWeights down = make_experts(experts, hidden, inter, ScaleKind::UE8M0, {1}, {3});
-  const std::vector<int64_t> used = {0, 1, 3, 4};
+  const int32_t pairs[6][2] = {{0, 1}, {0, 3}, {0, 4}, {1, 3}, {1, 4}, {3, 4}};
   Buffer index(DType::I32, {tokens, top_k}), weights(DType::F32, {tokens, top_k});
   std::vector<int64_t> routed(experts, 0);
   for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int64_t> pick = used;
-    std::shuffle(pick.begin(), pick.end(), testing::rng());
+    const bool swap = uniform_int(0, 1) == 1;  // slot order varies; the pairs do not
     for (int64_t j = 0; j < top_k; ++j) {
-      index.ptr<int32_t>()[t * top_k + j] = static_cast<int32_t>(pick[j]);
+      const int32_t e = pairs[t % 6][swap ? 1 - j : j];
+      index.ptr<int32_t>()[t * top_k + j] = e;
       weights.ptr<float>()[t * top_k + j] = std::uniform_real_distribution<float>(0.1f, 1.0f)(testing::rng());
-      ++routed[pick[j]];
+      ++routed[e];
     }
   }
-  for (int64_t e : used) ASSERT_GT(routed[e], 128) << "self-check: expert " << e << " takes two token tiles";
+  for (int64_t e : {0, 1, 3, 4}) ASSERT_EQ(routed[e], 150) << "self-check: expert " << e << " takes two token tiles";
   const Buffer x = testing::random_tensor(DType::BF16, {tokens, hidden});
   for (const ActivationRecipe& act : {ActivationRecipe::per_token_group(128, true), ActivationRecipe::per_token_group(128)}) {
-    SCOPED_TRACE(act.name());
     MoeArgs a = fp4_moe_args(x, index, weights, gate_up, down, ScaleKind::UE8M0, act);
     a.activation = MoeActivation::SwiGLU;
     Buffer ref(DType::F32, {tokens, hidden});
@@ -1536,14 +1537,19 @@ TEST_P(Fp4Moe, PermutedDecodeWideTokenTiles) {
     Buffer out_shape(DType::F32, {tokens, hidden});
     a.out = out_shape;
     MoeBar bar{a, ref};
-    const ScopedEnv decode_path("FINEGEMM_MOE_DECODE", "1"), permuted("FINEGEMM_FP4_DECODE_PERM", "1"),
-        fp4_decode("FINEGEMM_FP4_DECODE", "");
-    const long long before = cuda::fp4_decode_perm_launches();
-    const Buffer out = run_moe(a, target());
-    const auto cmp = testing::compare(out, ref);
-    EXPECT_EQ(cmp.non_finite, 0);
-    EXPECT_LE(cmp.rel, bar(cmp.rel));
-    EXPECT_EQ(cuda::fp4_decode_perm_launches() - before, 2) << "gate_up and down on the permuted kernel";
+    for (const auto& [split, finish] : {std::pair{"", ""}, {"2", ""}, {"2", "1"}}) {
+      SCOPED_TRACE(act.name() + " FINEGEMM_FP4_DECODE_SPLIT=" + split + " FINEGEMM_DECODE_SPLIT_FINISH=" + finish);
+      const ScopedEnv decode_path("FINEGEMM_MOE_DECODE", "1"), permuted("FINEGEMM_FP4_DECODE_PERM", "1"),
+          fp4_decode("FINEGEMM_FP4_DECODE", ""), forced_split("FINEGEMM_FP4_DECODE_SPLIT", split),
+          in_kernel("FINEGEMM_DECODE_SPLIT_FINISH", finish);
+      const long long before = cuda::fp4_decode_perm_launches(), wide = cuda::fp4_decode_perm_wide_launches();
+      const Buffer out = run_moe(a, target());
+      const auto cmp = testing::compare(out, ref);
+      EXPECT_EQ(cmp.non_finite, 0);
+      EXPECT_LE(cmp.rel, bar(cmp.rel));
+      EXPECT_EQ(cuda::fp4_decode_perm_launches() - before, 2) << "gate_up and down on the permuted kernel";
+      EXPECT_EQ(cuda::fp4_decode_perm_wide_launches() - wide, 2) << "both on 128-token tiles";
+    }
   }
 }
 

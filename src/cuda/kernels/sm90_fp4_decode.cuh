@@ -1,9 +1,10 @@
-// The sm_90a decode GEMM for FP4 weights (M ≤ 64 tokens): y[M, N] = x[M, K] · W[N, K]ᵀ with E4M3 x (per-token-group,
+// The sm_90a decode GEMM for FP4 weights (M ≤ 64 tokens; MoE experts in chunks of up to 64, or 128 on permuted
+// activations): y[M, N] = x[M, K] · W[N, K]ᵀ with E4M3 x (per-token-group,
 // per-token or static scales) and packed E2M1 W (two per byte, low nibble first) with MX 1x32 scales (UE8M0, packed
 // UE8M0 or FP32).
 //
 // Swap AB: the weights are the wgmma's A operand, 64 weight rows per warpgroup, and the tokens its N (WN = 8, 16, 32
-// or 64 columns, from shared memory). A comes from registers: each consumer thread reads the packed bytes of its
+// or 64 columns, and 128 on permuted activations, from shared memory). A comes from registers: each consumer thread reads the packed bytes of its
 // fragment from the TMA-loaded tile and expands them to E4M3 in registers (exact), so no expanded copy of the weights
 // is written to shared memory and the expansion is ALU work spread over 128 threads. The general kernel
 // (sm90_fp8_gemm.cuh) expands into shared memory with three loader warps, which bounded FP4 decode at 0.53 TB/s.
@@ -263,6 +264,8 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 // Two preparers (seven warps): 72 registers at WN = 8 (4 CTAs per SM, no spills); at WN = 16, 98 registers leave 2
 // CTAs per SM (3 asked for spilled: 80 registers, the sub-partitions' register files); at WN = 64, 2 CTAs cost 136
 // bytes of spills (128 registers).
+// WN = 128 (permuted activations, five warps): two CTAs per SM cap the registers at 168 (ptxas spills 4-8 bytes
+// dense, 32-44 grouped, at 58db9d8 with 4 stages); one CTA per SM would leave five warps on the SM.
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>,
                                   kRows == 128 ? 1 : (WN >= 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
@@ -443,6 +446,12 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
       const float* x_row[2] = {
           p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane, tok_last)) * p.a_scale_stride_m : nullptr,
           p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane + 32, tok_last)) * p.a_scale_stride_m : nullptr};
+      // WN = 128: tokens lane + 64 and lane + 96 too.
+      const float* x_row_hi[2] = {
+          WN > 64 && p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane + 64, tok_last)) * p.a_scale_stride_m
+                               : nullptr,
+          WN > 64 && p.a_scale ? p.a_scale + static_cast<int64_t>(tok0 + min(lane + 96, tok_last)) * p.a_scale_stride_m
+                               : nullptr};
       for (int j_kb = 0; j_kb < kb_count; ++j_kb, ++i, ring.advance()) {
         const int kb = kb_begin + j_kb;
         const int stage = ring.stage;
@@ -505,13 +514,13 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         if constexpr (WN > 64) {
           if (p.a_scale) {
 #pragma unroll
-            for (int h = 2; h < WN / 32; ++h) {
-              const float* x_row_h = p.a_scale + static_cast<int64_t>(tok0 + min(lane + 32 * h, tok_last)) * p.a_scale_stride_m;
+            for (int h = 2; h < 4; ++h) {
 #pragma unroll
               for (int st = 0; st < kSteps; ++st) {
                 if (st & xgroup_mask) continue;
                 const int xg = min(x_pow2 ? (step0 + st) >> x_shift : (step0 + st) * 32 / p.a_group, x_last);
-                ptx::cp_async_4(xs + st * WN + lane + 32 * h, x_row_h + static_cast<int64_t>(xg) * p.a_scale_stride_k);
+                ptx::cp_async_4(xs + st * WN + lane + 32 * h,
+                                x_row_hi[h - 2] + static_cast<int64_t>(xg) * p.a_scale_stride_k);
               }
             }
           }
@@ -620,13 +629,16 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
       // that group's scale: exact either way.
       const int chunk_off[2] = {fp4_perm_chunk_offset(r0, t, swizzle), fp4_perm_chunk_offset(r0 + 8, t, swizzle)};
       const uint2 plain_tab = fold_tab[0];
-      // total += acc · (row r0's, row r0 + 8's scale) · the tokens' scales of the stage's block (xs: one per token
-      // over its 128 of K; 1 without group scales), read here rather than held across the wgmma (WN = 128: 32
-      // registers).
+      // total += acc · (row r0's, row r0 + 8's scale) · the tokens' scales of the stage's block (one per token over
+      // its 128 of K; 1 without group scales): loaded into xv_reg before the wgmma up to WN = 64, read from shared
+      // memory here at WN = 128 (32 registers more than two CTAs per SM leave).
+      float2 xv_reg[WN <= 64 ? WN / 8 : 1];
       auto add_block = [&](const float (&acc)[kAcc], const float (&row_scale)[2], const float* xs) {
 #pragma unroll
         for (int j = 0; j < WN / 8; ++j) {
-          const float2 xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+          float2 xv;
+          if constexpr (WN <= 64) xv = xv_reg[j];
+          else xv = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
           total[4 * j + 0] = fmaf(acc[4 * j + 0] * row_scale[0], xv.x, total[4 * j + 0]);
           total[4 * j + 1] = fmaf(acc[4 * j + 1] * row_scale[0], xv.y, total[4 * j + 1]);
           total[4 * j + 2] = fmaf(acc[4 * j + 2] * row_scale[1], xv.x, total[4 * j + 2]);
@@ -647,6 +659,11 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         bool fold = fp4_perm_fold(word[0], t, emax[0], dist[0]);
         fold = fp4_perm_fold(word[1], t, emax[1], dist[1]) && fold;
         fold = ptx::named_bar_red_and<2, 32 * kConsumerWarps>(fold);
+        if constexpr (WN <= 64) {
+#pragma unroll
+          for (int j = 0; j < WN / 8; ++j)
+            xv_reg[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+        }
         if (fold) {
           const uint2 tab0 = fold_tab[dist[0]], tab1 = fold_tab[dist[1]];
           uint32_t a[4][4];

@@ -1,4 +1,5 @@
-// Host side of src/cuda/kernels/sm90_fp4_decode.cuh: the FP4-weight decode kernels (M ≤ 64), one per token width.
+// Host side of src/cuda/kernels/sm90_fp4_decode.cuh: the FP4-weight decode kernels (M ≤ 64; MoE experts in chunks of
+// token columns), one per token width.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -18,6 +19,7 @@ namespace {
 
 std::atomic<long long> split_finishes{0};  // decode launches that finish their split-K themselves
 std::atomic<long long> perm_launches{0};   // decode launches on permuted activations (kPermK)
+std::atomic<long long> perm_wide_launches{0};  // of those, with 128-token tiles
 
 // Stages (kStageK of K each; FP4 weights take about 7.7 KB per 128 of K at WN = 8 with the prepared scales): about
 // 50 KB (128) or 60 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share an SM; 2 CTAs at WN = 64 (its
@@ -26,11 +28,11 @@ std::atomic<long long> perm_launches{0};   // decode launches on permuted activa
 // Half the stages (twice the CTAs per SM) measured the same (51.8 vs 51.2 µs at M = 1, N = 7168, K = 16384).
 // 128-row CTAs (E4M3 weights; one CTA per SM, registers): as many stages as fit in about 216 KB, at most 10: with 4
 // (64 KB of weights in flight on the SM) M = 64 took 66.9 µs against the 64-row kernel's 56.6 (N = 7168, K = 16384).
-// Permuted activations (kPermK, no fold area: about 5.4 KB per stage at WN = 8): 8 stages, and 4 at WN = 128 (about
-// 21 KB a stage: two CTAs per SM); not measured yet.
+// Permuted activations (kPermK, no fold area: about 5.4 KB per stage at WN = 8): 8 stages, and 5 at WN = 128
+// (22.25 KB a stage, ~115 KB a CTA: two CTAs per SM); not measured yet.
 template <int WN, int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, bool kPermK = false>
 constexpr int kFp4DecodeStages =
-    kPermK ? (WN == 128 ? 4 : 8)
+    kPermK ? (WN == 128 ? 5 : 8)
     : kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
                    : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
@@ -255,6 +257,7 @@ int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
 void count_split_finish() { ++split_finishes; }
 long long decode_split_finishes() { return split_finishes.load(); }
 long long fp4_decode_perm_launches() { return perm_launches.load(); }
+long long fp4_decode_perm_wide_launches() { return perm_wide_launches.load(); }
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
 
@@ -264,7 +267,8 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   Fp4DecodeConfig c;
   c.fp8_weights = fp8_weights;
   c.perm_k = perm_k;
-  // Permuted activations also take chunks of 128 tokens (grouped launches with more than 64 rows per expert).
+  // Permuted activations also take chunks of 128 tokens (grouped launches sized for more than 64 rows per expert:
+  // decode_rows_per_expert, twice the mean).
   c.wn = perm_k && m > 64 ? 128 : fp4_decode_width(m);
   c.rows = kFp4DecodeRows;
   // The grouped kernel (slots > 0) exists for 64 rows and 128 of K per stage only: the switches below are dense-only.
@@ -363,6 +367,7 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
                   " slots=" + std::to_string(groups.slots));
     launch_for_width<128, false, kFp4DecodeRows, 1, true>(tma_x, tma_w, p, c, groups, split_counters, stream);
     ++perm_launches;
+    if (c.wn == 128) ++perm_wide_launches;
   } else if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
   else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, split_counters, stream);
   else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, split_counters, stream);

@@ -68,7 +68,7 @@ void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream)
 // FP4 weights at M ≤ 64 (sm90_fp4_decode.cuh): swap AB, weights expanded in registers. FINEGEMM_FP4_DECODE=0 sends
 // them to the general kernel instead; FINEGEMM_FP4_DECODE_SPLIT=n forces the split.
 struct Fp4DecodeConfig {
-  int wn = 8;  // token columns of the wgmma (M rounded up to 8, 16, 32 or 64)
+  int wn = 8;  // token columns of the wgmma (M rounded up to 8, 16, 32 or 64; 128 for wide grouped permuted launches)
   int tiles = 0;  // 64-row weight tiles (of each group)
   int slots = 0;  // groups: expert slots (DecodeGroups::slots); 0 without groups
   int split_k = 1;
@@ -125,8 +125,10 @@ bool fp4_decode_perm_ok(const GemmParams& p, bool grouped);
 // How many decode launches finished their split-K in the kernel (tests check that the switch took effect), and the
 // count's increment (the launchers, once per launch that takes it).
 long long decode_split_finishes();
-// Dense FP4 decode launches on permuted activations (GemmParams::a_perm_k), for tests.
+// FP4 decode launches (dense and grouped) on permuted activations (GemmParams::a_perm_k), and those with 128-token
+// tiles, for tests.
 long long fp4_decode_perm_launches();
+long long fp4_decode_perm_wide_launches();
 void count_split_finish();
 // Tile counters for the split-K finish inside a decode kernel (split_finish_in_kernel): `count` ints, zero, for a call
 // on `stream` (eager or captured; sm90_fp4_decode.cu says how they are shared), or nullptr: none left, or an eager
