@@ -264,8 +264,8 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 // Two preparers (seven warps): 72 registers at WN = 8 (4 CTAs per SM, no spills); at WN = 16, 98 registers leave 2
 // CTAs per SM (3 asked for spilled: 80 registers, the sub-partitions' register files); at WN = 64, 2 CTAs cost 136
 // bytes of spills (128 registers).
-// WN = 128 (permuted activations, five warps): two CTAs per SM cap the registers at 168 (ptxas spills 4-8 bytes
-// dense, 32-44 grouped, at 58db9d8 with 4 stages); one CTA per SM would leave five warps on the SM.
+// WN = 128 (permuted activations, five warps): two CTAs per SM cap the registers at 168 (ptxas spills 4 bytes
+// dense, 36-48 grouped, at 489861e); one CTA per SM would leave five warps on the SM.
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>,
                                   kRows == 128 ? 1 : (WN >= 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
