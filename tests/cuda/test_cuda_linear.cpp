@@ -1404,8 +1404,7 @@ TEST_F(CudaTest, QuantizeActivationsBitExact) {
     EXPECT_EQ(0, std::memcmp(s.bytes.data(), s_ref.bytes.data(), s.numel() * 4)) << recipe.name() << " " << m << "x" << k;
 
     // The FP4 decode kernel's K order (perm_k, FINEGEMM_FP4_DECODE_PERM=1: K % 128 == 0, groups of 128, per token or
-    // static): the same codes with each 128-block permuted (element 8v + e at fp4_perm_vector_offset(v) + e, + 12
-    // for e >= 4), the same scales.
+    // static): the same codes with each 128-block permuted (fp4_perm_k_logical), the same scales.
     if (!cuda::quantize_perm_k_ok(recipe, k)) continue;
     Buffer qp(DType::F8_E4M3, {m, k}), sp(s_ref.view.dtype, s_ref.view.sizes());
     testing::poison(qp);
@@ -1418,10 +1417,8 @@ TEST_F(CudaTest, QuantizeActivationsBitExact) {
     copy_to_host(dqp.view, qp);
     copy_to_host(dsp.view, sp);
     int64_t mismatches = 0;
-    for (int64_t i = 0; i < m * k; ++i) {
-      const int e = static_cast<int>(i % 8), v = static_cast<int>(i % 128 / 8);
-      mismatches += qp.bytes[i / 128 * 128 + cuda::fp4_perm_vector_offset(v) + (e < 4 ? e : 12 + e)] != q_ref.bytes[i];
-    }
+    for (int64_t i = 0; i < m * k; ++i)
+      mismatches += qp.bytes[i / 128 * 128 + cuda::fp4_perm_k_logical(static_cast<int>(i % 128))] != q_ref.bytes[i];
     EXPECT_EQ(mismatches, 0) << recipe.name() << " " << m << "x" << k << ": permuted codes";
     EXPECT_EQ(0, std::memcmp(sp.bytes.data(), s_ref.bytes.data(), sp.numel() * 4))
         << recipe.name() << " " << m << "x" << k << ": permuted launch's scales";

@@ -347,8 +347,8 @@ TEST_F(CudaMoeRouting, PermuteQuantizeBitExact) {
         EXPECT_EQ(scales_past_end, 0) << what << ": x_scale written past the routed rows (or for a static recipe)";
 
         // The FP4 decode kernel's K order (perm_k, FINEGEMM_FP4_DECODE_PERM=1; groups of 128, per token or static, H a
-        // multiple of 128): the same codes with each row's 128-blocks permuted (element 8v + e of a block at
-        // fp4_perm_vector_offset(v) + e, + 12 for e >= 4), the same scales, nothing past the routed rows.
+        // multiple of 128): the same codes with each row's 128-blocks permuted (fp4_perm_k_logical), the same scales,
+        // nothing past the routed rows.
         if (!cuda::quantize_perm_k_ok(recipe, shape.hidden)) continue;
         DeviceBuffer p_q = poisoned(static_cast<size_t>(rows * shape.hidden));
         DeviceBuffer p_scale = poisoned(static_cast<size_t>(rows * scales_per_row * 4));
@@ -362,9 +362,7 @@ TEST_F(CudaMoeRouting, PermuteQuantizeBitExact) {
         int64_t perm_mismatches = 0, perm_past_end = 0;
         for (size_t i = 0; i < perm_q.size(); ++i) {
           if (i < q_bytes) {
-            const int e = static_cast<int>(i % 8), v = static_cast<int>(i % 128 / 8);
-            perm_mismatches += perm_q[i / 128 * 128 + cuda::fp4_perm_vector_offset(v) + (e < 4 ? e : 12 + e)] !=
-                               ref_q.bytes[i];
+            perm_mismatches += perm_q[i / 128 * 128 + cuda::fp4_perm_k_logical(static_cast<int>(i % 128))] != ref_q.bytes[i];
           } else {
             perm_past_end += perm_q[i] != 0xFF;
           }

@@ -43,25 +43,6 @@ bool moe_decode_path(const MoeArgs& args, int64_t rows) {
 }
 
 namespace {
-int64_t moe_inter(const MoeArgs& args);
-}  // namespace
-
-bool moe_decode_perm_wanted(const MoeArgs& args, int64_t rows) {
-  if (rows <= 0 || args.weight_recipe.element != ElementType::FP4_E2M1 ||
-      !env_switch("FINEGEMM_FP4_DECODE_PERM", false) || !env_switch("FINEGEMM_FP4_DECODE", true) ||
-      !moe_decode_path(args, rows))
-    return false;
-  const auto& act = args.activation_recipe;
-  if (!quantize_perm_k_ok(act, args.down.shape[1]) || !quantize_perm_k_ok(act, moe_inter(args))) return false;
-  for (const bool gate_up : {true, false}) {
-    // The GEMMs' own parameters (moe_expert_gemms_decode adds the activation scales and outputs, which the check
-    // does not read).
-    if (!fp4_decode_perm_ok(moe_expert_gemm_params(args, gate_up, rows), true)) return false;
-  }
-  return true;
-}
-
-namespace {
 
 // Sizes of the decode path's buffers: the intermediate's width I, and its dynamic scales per row (group recipes).
 int64_t moe_inter(const MoeArgs& args) {
@@ -78,6 +59,21 @@ size_t moe_h_scale_bytes(const MoeArgs& args, int64_t rows) {
 }
 
 }  // namespace
+
+bool moe_decode_perm_wanted(const MoeArgs& args, int64_t rows) {
+  if (rows <= 0 || args.weight_recipe.element != ElementType::FP4_E2M1 ||
+      !env_switch("FINEGEMM_FP4_DECODE_PERM", false) || !env_switch("FINEGEMM_FP4_DECODE", true) ||
+      !moe_decode_path(args, rows))
+    return false;
+  const auto& act = args.activation_recipe;
+  if (!quantize_perm_k_ok(act, args.down.shape[1]) || !quantize_perm_k_ok(act, moe_inter(args))) return false;
+  for (const bool gate_up : {true, false}) {
+    // The GEMMs' own parameters (moe_expert_gemms_decode adds the activation scales and outputs, which the check
+    // does not read).
+    if (!fp4_decode_perm_ok(moe_expert_gemm_params(args, gate_up, rows), true)) return false;
+  }
+  return true;
+}
 
 MoeDecodeScratch::MoeDecodeScratch(const MoeArgs& args, int64_t rows, int num_experts, cudaStream_t stream)
     : list(static_cast<size_t>(num_experts) * 4, stream),
