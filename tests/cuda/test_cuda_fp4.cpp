@@ -1052,7 +1052,7 @@ constexpr double kMoeTolerance = 1e-2;
 // are each truncated toward zero to 13 fraction bits below the largest of their exponents, summed, and rounded to
 // fp32. At seed 17575496020904828288 ("every row block folds", DeepSeek-V4 variant) the H200 measured rel 1.28881e-2
 // against the reference and this model 1.288835e-2; with 12 or 14 bits it gives 1.328e-2 and 1.53e-3, so 13 it is.
-// Over 24 other seeds the model put that case at 1.0e-3..7.7e-3 (docs/gpu.md, stop 40).
+// Over 24 other seeds the model put that case at 1.0e-3..7.7e-3 (docs/gpu-log.md, stop 40).
 double hopper_fp8_steps(const double* x, const double* w, int64_t k) {
   double acc = 0.0;
   for (int64_t c0 = 0; c0 < k; c0 += 32) {

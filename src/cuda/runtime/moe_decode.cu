@@ -30,7 +30,7 @@ bool moe_decode_path(const MoeArgs& args, int64_t rows) {
   const int num_experts = static_cast<int>(args.gate_up.shape[0]);
   const char* env = std::getenv("FINEGEMM_MOE_DECODE");
   if (env && *env == '0') return false;
-  // Up to 16 rows per expert on average for E4M3 experts, 32 for FP4 ones. Measured on the H200 (docs/gpu.md), layer
+  // Up to 16 rows per expert on average for E4M3 experts, 32 for FP4 ones. Measured on the H200 (docs/gpu-log.md), layer
   // time decode vs grouped path: DeepSeek-V3 T = 1 131 vs 185 µs, T = 128 2728 vs 4900 (grouped fused); since the
   // grouped gate_up runs unfused (stop 24, bench/results/stop24_moe_decode_edge_2026-12-02_d161a6a.json):
   // DeepSeek-V3 T = 512 (16 rows per expert) 2862 vs 2865, T = 1024 (32) 3832 vs 2959; Qwen3-30B-A3B T = 512 (32)
