@@ -708,12 +708,12 @@ void check_switch(const char* name, std::initializer_list<std::pair<const char*,
   }
 }
 
-// FINEGEMM_GEMM_LEAN_PAIR: unset and "0" off, "1" on. FINEGEMM_FP4_LEAN_EXPAND: unset and "serial" keep the serial
+// FINEGEMM_GEMM_LEAN_PAIR: unset and "0" off, "1" pairs sharing B, "a" pairs sharing A. FINEGEMM_FP4_LEAN_EXPAND: unset and "serial" keep the serial
 // expansion, "batched" batches, "split" takes two producer warpgroups. FINEGEMM_FP4_EXPAND_LEAN: unset and "0" off,
 // "1" on.
 TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
-  check_switch<bool>("FINEGEMM_GEMM_LEAN_PAIR", {{"", false}, {"0", false}, {"1", true}}, {"2", "yes", "on"},
-                     [] { return cuda::lean_pair_wanted(); });
+  check_switch<int>("FINEGEMM_GEMM_LEAN_PAIR", {{"", 0}, {"0", 0}, {"1", 1}, {"a", 2}}, {"2", "yes", "A", "on"},
+                    [] { return cuda::lean_pair_mode(); });
   check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND", {{"", 0}, {"serial", 0}, {"batched", 1}, {"split", 2}},
                     {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_expand_mode(); });
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", false}, {"0", false}, {"1", true}}, {"2", "lean"},
@@ -1310,9 +1310,10 @@ TEST_F(CudaTest, LeanKernelSameBits) {
         }
         const Buffer ref = run_reference(c.args, out, m, n);
         // Each height alone and in 2-CTA clusters sharing B (FINEGEMM_GEMM_LEAN_PAIR=1; an odd count of row blocks
-        // leaves the last pair's second tile past M: at 128 rows M = 300 and 516, at 192 and 256 rows M = 516).
+        // leaves the last pair's second tile past M: at 128 rows M = 300 and 516, at 192 and 256 rows M = 516) or A
+        // (=a; an odd count of column blocks leaves the last pair's second tile past N: N = 384, 640 and 2176).
         for (const char* tiles : {"1", "192", "256"})
-          for (const char* pair : {"0", "1"}) {
+          for (const char* pair : {"0", "1", "a"}) {
           const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), paired("FINEGEMM_GEMM_LEAN_PAIR", pair);
           const long long launches = cuda::lean_gemm_launches();
           const Buffer got = run_on_gpu(c.args, {}, view);

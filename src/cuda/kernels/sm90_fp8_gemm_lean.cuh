@@ -132,12 +132,19 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
 // (their lane 0 arrives remotely once the warp is done with the stage), and every thread of both CTAs passes a cluster
 // barrier after the barriers' initialisation and before it leaves. Per 256x128 tile and K block: 32 KB of A and 8 KB
 // of B from L2 instead of 16 KB (M = 4096 N = 4096 K = 7168: 1382 TFLOP/s, ~48 KB per 8.4 MFLOP, near the L2's rate).
+// kShareA (with kPair; FINEGEMM_GEMM_LEAN_PAIR=a, stop 42, written without a GPU, off until measured): the pair shares
+// A instead: horizontally adjacent tiles of one row block (tile t of the cluster: row block t % row blocks, column
+// block 2·(t / row blocks) + rank; a rank-1 tile past N loads zeros, reads the last column block's B scales and stores
+// nothing), each CTA loading its own B tile and one BLOCK_M / 2-row half of the A tile into both CTAs. Per 256x128
+// tile and K block: 16 KB of A and 16 KB of B from L2 instead of 32 + 16 (the general kernel's c2a: 1216 vs 1128
+// TFLOP/s unpromoted at M = 4096 N = 7168 K = 16384, stop 25). Meant for short K, where the tiles' feed is the
+// largest share (M = 4096 N = 32768 K = 512: 0.96x cuBLASLt, stop 39).
 // kGated (dense E4M3, not paired; stop 40, written without a GPU): the launch runs only where *p.gate matches (the
 // E4M3 GEMM on FP4 weights expanded with one scale per 128x128 tile, which the fold scan gates; see Fp4Expansion):
 // elsewhere the whole CTA leaves at once, as the kFp4B kernels do. FINEGEMM_FP4_EXPAND_LEAN=1 sends the expanded FP4
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
-          bool kPair = false, bool kGated = false>
+          bool kPair = false, bool kGated = false, bool kShareA = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -163,6 +170,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
   static_assert(!kPair || (!kGrouped && !kFp4B), "kPair: the dense E4M3 lean kernel only");
   static_assert(!kGated || (!kGrouped && !kFp4B && !kPair), "kGated: the dense E4M3 lean kernel, not paired");
+  static_assert(!kShareA || kPair, "kShareA: a mode of the pairs");
   if constexpr (kFp4B || kGated) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
     if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
@@ -202,6 +210,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     if constexpr (kGrouped) {
       const TileInfo info = sched.tile(t);
       return Tile{info.m_row0, info.m_end, info.group, info.n_block * kLeanBlockN};
+    } else if constexpr (kShareA) {
+      return Tile{t % num_m_blocks * BLOCK_M, p.m, 0, (2 * (t / num_m_blocks) + static_cast<int>(cta_rank())) * kLeanBlockN};
     } else if constexpr (kPair) {
       const int pairs = (num_m_blocks + 1) / 2;
       return Tile{(2 * (t % pairs) + static_cast<int>(cta_rank())) * BLOCK_M, p.m, 0, t / pairs * kLeanBlockN};
@@ -384,14 +394,23 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
             ptx::mbar_wait(&empty[s], free_parity);
             if (kb < num_kb) {
               ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + L::kStageB + sfa_bytes);
-              ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
-              if constexpr (kPair) {
-                // This CTA's 64-row half of B into both CTAs (tma_b's box: 64 rows); the peer loads the other half.
+              if constexpr (kShareA) {
+                // This CTA's BLOCK_M / 2-row half of A into both CTAs (tma_a's box: BLOCK_M / 2 rows), its own B.
+                constexpr int kHalfA = BLOCK_M / 2;
+                const int rank = static_cast<int>(cta_rank());
+                ptx::tma_load_2d_multicast(smem_a + s * L::kStageA + rank * kHalfA * kGemmBlockK, &tma_a, &full[s],
+                                           kb * kGemmBlockK, m0 + rank * kHalfA, 0x3);
+                ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, b_row0);
+              } else if constexpr (kPair) {
+                // Its A tile, and this CTA's 64-row half of B into both CTAs (tma_b's box: 64 rows); the peer loads
+                // the other half.
                 constexpr int kHalfB = kLeanBlockN / 2;
                 const int rank = static_cast<int>(cta_rank());
+                ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
                 ptx::tma_load_2d_multicast(smem_b + s * L::kStageB + rank * kHalfB * kGemmBlockK, &tma_b, &full[s],
                                            kb * kGemmBlockK, b_row0 + rank * kHalfB, 0x3);
               } else {
+                ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
                 ptx::tma_load_2d(smem_b + s * L::kStageB, &tma_b, &full[s], kb * kGemmBlockK, b_row0);
               }
               if constexpr (kBulkA)
@@ -447,7 +466,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     // last reads of them are done.
     ptx::named_bar_sync<1, L::kConsumerThreads>();
     for (int i = threadIdx.x; i < num_kb; i += L::kConsumerThreads)
-      smem_sfb[i] = load_b_scale(p, tile.group, n0 / p.b_block_n, i);
+      smem_sfb[i] = load_b_scale(p, tile.group, (kShareA ? min(n0, p.n - 1) : n0) / p.b_block_n, i);
     ptx::named_bar_sync<1, L::kConsumerThreads>();
     if constexpr (kGrouped) {
       // A warpgroup whose rows all lie past the expert's end (its first pass's first row, so every pass's) only waits
@@ -645,7 +664,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     }
     ptx::fence_proxy_async_shared();
     wg_bar();
-    if (wtid == 0) {
+    if (wtid == 0 && (!kShareA || n0 < p.n)) {  // kShareA: a rank-1 tile past N stores nothing
 #pragma unroll
       for (int half = 0; half < L::kHalves; ++half)
 #pragma unroll
@@ -669,15 +688,16 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 
 // The dense lean kernel: tiles t = blockIdx.x, + gridDim.x, ...: row block t % num_m_blocks, column block
 // t / num_m_blocks.
-// kPair: 2-CTA clusters sharing B (lean_gemm_body); num_tiles then counts the pairs' tiles. kGated: the launch runs
-// only where *p.gate matches.
-template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false, bool kGated = false>
+// kPair: 2-CTA clusters sharing B, or with kShareA sharing A (lean_gemm_body); num_tiles then counts the pairs' tiles.
+// kGated: the launch runs only where *p.gate matches.
+template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false, bool kGated = false, bool kShareA = false>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, 0, kPair, kGated>(tma_a, tma_b, tma_out, p, num_m_blocks,
-                                                                                num_tiles, {}, LeanFp4B{});
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, 0, kPair, kGated, kShareA>(tma_a, tma_b, tma_out, p,
+                                                                                         num_m_blocks, num_tiles, {},
+                                                                                         LeanFp4B{});
 }
 
 // The grouped lean kernel (the MoE Store GEMM; FINEGEMM_GROUPED_LEAN, off until measured): the scheduler's tiles over

@@ -53,9 +53,9 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 // (choose_gemm_config) to be faster, else 128 or 256, whichever it expects faster.
 inline constexpr int kLeanMinM = 128;
 int lean_gemm_block_m(const GemmParams& p, int num_sms);
-// FINEGEMM_GEMM_LEAN_PAIR: whether the dense lean kernel runs in 2-CTA clusters sharing B ("1"; unset or "0": not).
-// Anything else throws, naming the variable and the value.
-bool lean_pair_wanted();
+// FINEGEMM_GEMM_LEAN_PAIR: whether the dense lean kernel runs in 2-CTA clusters: 1 sharing B ("1"), 2 sharing A ("a"),
+// 0 not (unset or "0"). Anything else throws, naming the variable and the value.
+int lean_pair_mode();
 // FINEGEMM_FP4_EXPAND_LEAN: whether the gated lean kernel serves the expanded FP4 prefill's E4M3 GEMM ("1"; unset or
 // "0": the general kernel). Anything else throws, naming the variable and the value.
 bool fp4_expand_lean_wanted();

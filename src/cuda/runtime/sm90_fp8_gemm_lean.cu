@@ -29,20 +29,21 @@ int lean_smem_bytes(int block_m, int stages, int num_kb) {
 
 
 
-template <int BLOCK_M, int kStages, bool kAScale, bool kPair, bool kGated = false>
+template <int BLOCK_M, int kStages, bool kAScale, bool kPair, bool kGated = false, bool kShareA = false>
 void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
                  cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kPair, kGated>;
+  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kPair, kGated, kShareA>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
-  const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, BLOCK_M);
-  // kPair: each CTA of a pair loads one 64-row half of the B tile.
-  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, kPair ? kLeanBlockN / 2 : kLeanBlockN);
+  // kPair: each CTA of a pair loads one 64-row half of the B tile; kShareA: one BLOCK_M / 2-row half of the A tile.
+  const CUtensorMap tma_a = make_tma_2d(a, p.m, p.k, lda, kShareA ? BLOCK_M / 2 : BLOCK_M);
+  const CUtensorMap tma_b = make_tma_2d(b, p.n, p.k, ldb, kPair && !kShareA ? kLeanBlockN / 2 : kLeanBlockN);
   const CUtensorMap tma_out = make_tma_2d(p.out, p.m, 2 * int64_t{p.n}, 2 * p.ldo, 64);
   const int num_m_blocks = ceil_div(p.m, BLOCK_M);
-  // kPair: the pairs' tiles (row-block pairs by column blocks).
-  const int64_t tiles = int64_t{kPair ? (num_m_blocks + 1) / 2 : num_m_blocks} * ceil_div(p.n, kLeanBlockN);
+  // kPair: the pairs' tiles (row-block pairs by column blocks; kShareA: row blocks by column-block pairs).
+  const int64_t tiles = kShareA ? int64_t{num_m_blocks} * ceil_div(ceil_div(p.n, kLeanBlockN), 2)
+                                : int64_t{kPair ? (num_m_blocks + 1) / 2 : num_m_blocks} * ceil_div(p.n, kLeanBlockN);
   if (tiles > INT32_MAX) throw Error("lean gemm: " + std::to_string(tiles) + " tiles, more than one grid takes");
   const int smem = L::smem_bytes(p.k / kGemmBlockK);
   if constexpr (kPair) {
@@ -68,7 +69,7 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
       max_clusters[slot].store(clusters);
     }
     if (clusters < 0) {
-      launch_lean<BLOCK_M, kStages, kAScale, false, kGated>(a, lda, b, ldb, p, device, stream);
+      launch_lean<BLOCK_M, kStages, kAScale, false, kGated, false>(a, lda, b, ldb, p, device, stream);
       return;
     }
     const int grid_clusters = static_cast<int>(std::min<int64_t>(tiles, clusters));
@@ -175,10 +176,16 @@ bool strict_env_bool(const char* name, const char* what) {
 }
 }  // namespace
 
-// FINEGEMM_GEMM_LEAN_PAIR: 1 runs the dense lean kernel in 2-CTA clusters sharing B (lean_gemm_body's kPair, stop 40,
-// not yet measured); unset or 0 not.
-bool lean_pair_wanted() {
-  return strict_env_bool("FINEGEMM_GEMM_LEAN_PAIR", "2-CTA clusters sharing B in the lean kernel");
+// FINEGEMM_GEMM_LEAN_PAIR: 1 runs the dense lean kernel in 2-CTA clusters sharing B (lean_gemm_body's kPair, stop 40),
+// a in clusters sharing A (kShareA, stop 42), both not yet measured; unset or 0 neither.
+int lean_pair_mode() {
+  const char* env = std::getenv("FINEGEMM_GEMM_LEAN_PAIR");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return 0;
+  if (v == "1") return 1;
+  if (v == "a") return 2;
+  throw Error("FINEGEMM_GEMM_LEAN_PAIR: expected 0, 1 (2-CTA clusters sharing B in the lean kernel) or a (sharing A), got '" +
+              v + "'");
 }
 
 // FINEGEMM_FP4_EXPAND_LEAN: 1 lets the lean kernel (gated, kGated) serve the expanded FP4 prefill's E4M3 GEMM with
@@ -215,25 +222,30 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
                                int device, cudaStream_t stream) {
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
   // A gated call (lean_gemm_ok admits one with FINEGEMM_FP4_EXPAND_LEAN=1) takes the gated kernel, never paired.
-  auto launch = [&](auto a_scale, auto pair, auto gated) {
-    constexpr bool kA = decltype(a_scale)::value, kP = decltype(pair)::value, kG = decltype(gated)::value;
-    if (block_m == 256) launch_lean<256, 3, kA, kP, kG>(a, lda, b, ldb, p, device, stream);
-    else if (block_m == 192) launch_lean<192, 4, kA, kP, kG>(a, lda, b, ldb, p, device, stream);
-    else if (stages == 5) launch_lean<128, 5, kA, kP, kG>(a, lda, b, ldb, p, device, stream);
-    else launch_lean<128, 4, kA, kP, kG>(a, lda, b, ldb, p, device, stream);
+  auto launch = [&](auto a_scale, auto pair, auto gated, auto share_a) {
+    constexpr bool kA = decltype(a_scale)::value, kP = decltype(pair)::value, kG = decltype(gated)::value,
+                   kS = decltype(share_a)::value;
+    if (block_m == 256) launch_lean<256, 3, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
+    else if (block_m == 192) launch_lean<192, 4, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
+    else if (stages == 5) launch_lean<128, 5, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
+    else launch_lean<128, 4, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
   };
+  using F = std::false_type;
+  using T = std::true_type;
   if (p.gate != nullptr) {
-    if (p.a_scale != nullptr) launch(std::true_type{}, std::false_type{}, std::true_type{});
-    else launch(std::false_type{}, std::false_type{}, std::true_type{});
+    if (p.a_scale != nullptr) launch(T{}, F{}, T{}, F{});
+    else launch(F{}, F{}, T{}, F{});
     return;
   }
-  const bool pair = lean_pair_wanted();
+  const int pair = lean_pair_mode();
   if (p.a_scale != nullptr) {
-    if (pair) launch(std::true_type{}, std::true_type{}, std::false_type{});
-    else launch(std::true_type{}, std::false_type{}, std::false_type{});
+    if (pair == 1) launch(T{}, T{}, F{}, F{});
+    else if (pair == 2) launch(T{}, T{}, F{}, T{});
+    else launch(T{}, F{}, F{}, F{});
   } else {
-    if (pair) launch(std::false_type{}, std::true_type{}, std::false_type{});
-    else launch(std::false_type{}, std::false_type{}, std::false_type{});
+    if (pair == 1) launch(F{}, T{}, F{}, F{});
+    else if (pair == 2) launch(F{}, T{}, F{}, T{});
+    else launch(F{}, F{}, F{}, F{});
   }
 }
 
