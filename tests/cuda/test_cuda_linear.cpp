@@ -1260,8 +1260,9 @@ TEST_F(CudaTest, MMajorActivationScalesSameBits) {
 // rows, 187 of 192, 272 of 128), with A scales and without. BF16 and F16 output. Then the default choice: with the
 // switch unset a shape that fills the GPU takes the lean kernel and one of M <= 64 does not, a forced general config
 // keeps it off, and an unknown value is refused with a clear error. Every height runs alone and in 2-CTA clusters
-// sharing B (FINEGEMM_GEMM_LEAN_PAIR=1). FINEGEMM_TEST_QUICK=1 (the sanitizer runs): the first recipe with A scales
-// and the first static one, at M = 300, 128 and 516 (tails, one K block, odd row-block counts for the pairs).
+// sharing B (FINEGEMM_GEMM_LEAN_PAIR=1) or A (=a), each pair's launch counted. FINEGEMM_TEST_QUICK=1 (the sanitizer
+// runs): the first recipe with A scales and the first static one, at M = 300, 128 and 516 (tails, one K block, odd
+// row-block counts for the pairs sharing B, an odd column-block count at N = 384 for those sharing A).
 TEST_F(CudaTest, LeanKernelSameBits) {
   const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
   std::vector<NamedRecipe> kinds;
@@ -1315,10 +1316,15 @@ TEST_F(CudaTest, LeanKernelSameBits) {
         for (const char* tiles : {"1", "192", "256"})
           for (const char* pair : {"0", "1", "a"}) {
           const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), paired("FINEGEMM_GEMM_LEAN_PAIR", pair);
-          const long long launches = cuda::lean_gemm_launches();
+          const long long launches = cuda::lean_gemm_launches(), pairs_b = cuda::lean_pair_launches(false),
+                          pairs_a = cuda::lean_pair_launches(true);
           const Buffer got = run_on_gpu(c.args, {}, view);
           EXPECT_EQ(cuda::lean_gemm_launches(), launches + 1)
               << "the lean kernel did not run: " << recipe.name << " M=" << m << " N=" << n << " K=" << k;
+          EXPECT_EQ(cuda::lean_pair_launches(false), pairs_b + (pair[0] == '1'))
+              << "FINEGEMM_GEMM_LEAN_PAIR=" << pair << ": pairs sharing B, M=" << m << " N=" << n << " lean=" << tiles;
+          EXPECT_EQ(cuda::lean_pair_launches(true), pairs_a + (pair[0] == 'a'))
+              << "FINEGEMM_GEMM_LEAN_PAIR=" << pair << ": pairs sharing A, M=" << m << " N=" << n << " lean=" << tiles;
           EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
                                               << " out=" << dtype_name(out) << " FINEGEMM_GEMM_LEAN=" << tiles
                                               << " FINEGEMM_GEMM_LEAN_PAIR=" << pair

@@ -61,6 +61,8 @@ int lean_pair_mode();
 bool fp4_expand_lean_wanted();
 // How many lean-kernel launches this process has made (tests check that the switch took the lean kernel).
 long long lean_gemm_launches();
+// How many of them ran in 2-CTA pairs sharing A (share_a) or B (FINEGEMM_GEMM_LEAN_PAIR).
+long long lean_pair_launches(bool share_a);
 
 // Split-K finish (splitk_reduce_kernel): p.out = Σ_split p.workspace[split] (in order) with p's epilogue.
 void launch_splitk_reduce(const GemmParams& p, int split_k, cudaStream_t stream);

@@ -14,6 +14,8 @@ namespace finegemm::cuda {
 namespace {
 
 std::atomic<long long> lean_launch_count{0};
+// Launches of the paired kernels: [0] sharing B, [1] sharing A (a pair that fits no SM pair runs unpaired, uncounted).
+std::atomic<long long> lean_pair_launch_count[2] = {};
 
 
 template <int BLOCK_M, int kStages>
@@ -75,6 +77,7 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
     const int grid_clusters = static_cast<int>(std::min<int64_t>(tiles, clusters));
     launch_ex(false, 2, kernel, dim3(2 * grid_clusters), dim3(L::kThreads), static_cast<size_t>(smem), stream, tma_a,
               tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
+    lean_pair_launch_count[kShareA ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
   } else {
     const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
     kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
@@ -302,5 +305,6 @@ int lean_gemm_block_m(const GemmParams& p, int num_sms) {
 }
 
 long long lean_gemm_launches() { return lean_launch_count.load(std::memory_order_relaxed); }
+long long lean_pair_launches(bool share_a) { return lean_pair_launch_count[share_a ? 1 : 0].load(std::memory_order_relaxed); }
 
 }  // namespace finegemm::cuda
