@@ -18,7 +18,9 @@ cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
 el() { echo "($(( $(date +%s) - s0 )) s)"; }
-left() { [ $(( $(date +%s) - s0 )) -lt $1 ]; }
+# C1_BUDGET (default 590 s): the whole call's time; every section starts only with its share left.
+C1=${C1_BUDGET:-590}
+left() { [ $(( $(date +%s) - s0 )) -lt $(( $1 - 590 + C1 )) ]; }
 timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Linear.ExactPermutedDecode/cuda:Backends/Fp4Linear.ExactOneWideRowInATile/cuda:Backends/Fp4Linear.ExactMixedBlocksAlongK/cuda:Backends/Fp4Linear.ExactRandomSpreadsWithKTail/cuda' >$W/perm_tests.log 2>&1 &
 FINEGEMM_TEST_QUICK=1 timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Random.LinearMatchesReference/cuda:Backends/Fp4Moe.*/cuda' >$W/random_tests.log 2>&1 &
 (timeout 100 $B/tests/test_cuda_moe_routing --gtest_filter='CudaMoeRouting.PermuteQuantizeBitExact'; timeout 100 $B/tests/test_cuda_linear --gtest_filter='CudaTest.QuantizeActivationsBitExact') >$W/quant_tests.log 2>&1 &
