@@ -164,11 +164,28 @@ int main(int argc, char** argv) {
         if (end == std::string::npos) break;
         start = end + 1;
       }
-    } else if (a == "--nk" && i + 1 < argc) {  // one (N, K) shape: --nk 7168:16384
-      const std::string nk = argv[++i];
-      const auto colon = nk.find(':');
-      if (colon == std::string::npos) { std::fprintf(stderr, "--nk expects N:K, got %s\n", nk.c_str()); return 2; }
-      nks = {{std::atoll(nk.substr(0, colon).c_str()), std::atoll(nk.substr(colon + 1).c_str())}};
+    } else if (a == "--nk" && i + 1 < argc) {  // (N, K) shapes: --nk 7168:16384 or --nk 4096:7168,32768:512
+      // NOTE: until stop 43 only one shape was read (a comma list ran its first N with K parsed up to the comma), so
+      // the stop 40-42 call scripts' lists ran their first shape only.
+      const std::string list = argv[++i];
+      nks.clear();
+      for (size_t start = 0; start <= list.size();) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        const std::string nk = list.substr(start, end - start);
+        const auto colon = nk.find(':');
+        char* n_end = nullptr;
+        char* k_end = nullptr;
+        const long long n = colon == std::string::npos ? 0 : std::strtoll(nk.c_str(), &n_end, 10);
+        const long long k = colon == std::string::npos ? 0 : std::strtoll(nk.c_str() + colon + 1, &k_end, 10);
+        if (colon == std::string::npos || n_end != nk.c_str() + colon || k_end != nk.c_str() + nk.size() || n <= 0 ||
+            k <= 0) {
+          std::fprintf(stderr, "--nk expects N:K[,N:K...] with positive N and K, got '%s' in '%s'\n", nk.c_str(),
+                       list.c_str());
+          return 2;
+        }
+        nks.push_back({n, k});
+        start = end + 1;
+      }
     }
   }
   std::vector<Variant> variants;

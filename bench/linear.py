@@ -101,6 +101,12 @@ def main():
                          "takes them in here: sa = x_s.t().contiguous().t())")
     ap.add_argument("--graph-max-m", type=int, default=1 << 62,
                     help="graph replay up to this M (default: every M; stop 24's tables used 128)")
+    ap.add_argument("--nk", default=None,
+                    help="only these (N, K) shapes, e.g. 32768:512,4096:7168 (default: the seven of RECIPES.md)")
+    ap.add_argument("--envs", default=None,
+                    help="finegemm's bench runs each configuration once per environment in this ';' list "
+                         "(e.g. ';FINEGEMM_GEMM_LEAN_PAIR=a', the first empty: the defaults), each row compared "
+                         "with the same cuBLASLt time")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     props = torch.cuda.get_device_properties(0)
@@ -113,6 +119,10 @@ def main():
     cmd = [args.bench, "--m", args.m, "--variants", args.variants, "--graph-max-m", str(args.graph_max_m)]
     if not args.row_major_scales:
         cmd.append("--m-major-scales")
+    if args.nk:
+        cmd += ["--nk", args.nk]
+    if args.envs is not None:
+        cmd += ["--envs", args.envs]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     ours = []
     stopped = False
@@ -130,7 +140,7 @@ def main():
     if stopped:
         print(f"bench stopped after {time.monotonic() - t_start:.0f} s with {len(ours)} rows (--budget-s {args.budget_s})",
               file=sys.stderr, flush=True)
-    done_shapes = sorted({(r["n"], r["k"]) for r in ours}, key=SHAPES.index)
+    done_shapes = sorted({(r["n"], r["k"]) for r in ours}, key=lambda s: SHAPES.index(s) if s in SHAPES else len(SHAPES))
     base = {(r["m"], r["n"], r["k"]): r for r in torch_baselines(sorted({r["m"] for r in ours}), l2, done_shapes, args.graph_max_m)}
 
     def best(us, g):
@@ -146,15 +156,15 @@ def main():
         rows.append({**r, **b, "speedup_vs_cublas": cub_t / ours_t, "speedup_vs_bf16": best(b["bf16_us"], b["bf16_us_graph"]) / ours_t,
                      "weight_tbps": r["n"] * r["k"] * (0.5 if r["variant"].startswith("mxfp4") else 1.0) / ours_t / 1e6})
     print(f"{'variant':22s} {'M':>5s} {'N':>6s} {'K':>6s} {'us':>9s} {'graph':>8s} {'TFLOPS':>7s} {'W TB/s':>7s} "
-          f"{'cuBLAS':>8s} {'x cuBLAS':>8s} {'bf16':>8s} {'rel':>8s}")
+          f"{'cuBLAS':>8s} {'x cuBLAS':>8s} {'bf16':>8s} {'rel':>8s}  env")
     for r in rows:
         print(f"{r['variant']:22s} {r['m']:5d} {r['n']:6d} {r['k']:6d} {r['us']:9.1f} {r['us_graph']:8.1f} {r['tflops']:7.0f} "
               f"{r['weight_tbps']:7.2f} {best(r['cublas_us'], r['cublas_us_graph']):8.1f} {r['speedup_vs_cublas']:8.2f} "
-              f"{best(r['bf16_us'], r['bf16_us_graph']):8.1f} {r['rel_err']:8.1e}")
-    for v in sorted({r["variant"] for r in rows}):
-        sel = [r["speedup_vs_cublas"] for r in rows if r["variant"] == v]
+              f"{best(r['bf16_us'], r['bf16_us_graph']):8.1f} {r['rel_err']:8.1e}  {r.get('env') or 'default'}")
+    for v, e in sorted({(r["variant"], r.get("env") or "") for r in rows}):
+        sel = [r["speedup_vs_cublas"] for r in rows if r["variant"] == v and (r.get("env") or "") == e]
         gm = math.exp(sum(math.log(s) for s in sel) / len(sel))
-        print(f"geomean speedup vs cuBLASLt [{v}] over {len(sel)} shapes: {gm:.3f}  (min {min(sel):.2f})")
+        print(f"geomean speedup vs cuBLASLt [{v}{' ' + e if e else ''}] over {len(sel)} shapes: {gm:.3f}  (min {min(sel):.2f})")
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "gpu": torch.cuda.get_device_name(0), "driver": torch.version.cuda,

@@ -1381,19 +1381,20 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     Buffer out_shape(v.out, {tokens, hidden});
     a.out = out_shape;
     MoeBar bar{a, ref};
-    // On the GPU the experts (about 12 rows each) take the decode kernel: with the preparer warp and without it
-    // (FINEGEMM_FP4_DECODE_DIRECT=1), without programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=0; on by
-    // default), and on rows and an intermediate quantized in its permuted K order (FINEGEMM_FP4_DECODE_PERM=1: UE8M0
-    // scales with activation groups of 128 take it for both GEMMs, the other variants keep the plain kernel), also
-    // split in 2 along K (the reduce kernel, or the split finished in the kernel).
+    // On the GPU the experts (about 12 rows each) take the decode kernel: by default on rows and an intermediate
+    // quantized in its permuted K order (FINEGEMM_FP4_DECODE_PERM unset or 1 on the MoE decode path since stop 43:
+    // UE8M0 scales with activation groups of 128 take it for both GEMMs, the other variants keep the plain kernel),
+    // also split in 2 along K (the reduce kernel, or the split finished in the kernel); and on the plain kernel
+    // (FINEGEMM_FP4_DECODE_PERM=0) with the preparer warp and without it (FINEGEMM_FP4_DECODE_DIRECT=1), and without
+    // programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=0; on by default).
     struct DecodeEnv {
       const char *direct, *pdl, *perm, *split, *finish;
     };
     const bool perm_served = v.kind != ScaleKind::F32Pow2 && v.act.group_size == 128;
-    for (const DecodeEnv& d : {DecodeEnv{"", "", "", "", ""}, DecodeEnv{"1", "", "", "", ""}, DecodeEnv{"", "0", "", "", ""},
-                               DecodeEnv{"", "", "1", "", ""}, DecodeEnv{"", "", "1", "2", ""},
+    for (const DecodeEnv& d : {DecodeEnv{"", "", "", "", ""}, DecodeEnv{"", "", "0", "", ""}, DecodeEnv{"1", "", "0", "", ""},
+                               DecodeEnv{"", "0", "0", "", ""}, DecodeEnv{"", "", "1", "2", ""},
                                DecodeEnv{"", "", "1", "2", "1"}}) {
-      if ((*d.direct || *d.pdl || *d.perm) && !gpu()) continue;
+      if ((*d.direct || *d.pdl || *d.perm || *d.split) && !gpu()) continue;
       SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + d.direct + " FINEGEMM_PDL=" + d.pdl +
                    " FINEGEMM_FP4_DECODE_PERM=" + d.perm + " FINEGEMM_FP4_DECODE_SPLIT=" + d.split +
                    " FINEGEMM_DECODE_SPLIT_FINISH=" + d.finish);
@@ -1408,7 +1409,7 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       EXPECT_EQ(cmp.non_finite, 0);
       EXPECT_LE(cmp.rel, bar(cmp.rel));
       if (gpu())
-        EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm_before, *d.perm && perm_served ? 2 : 0)
+        EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm_before, std::string(d.perm) != "0" && perm_served ? 2 : 0)
             << "the permuted decode kernel: gate_up and down when the recipe allows it, else never";
     }
     double ref_norm = 0;

@@ -56,7 +56,7 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
 
   const Fp4ScaleView view{static_cast<const uint8_t*>(p.b_scale), p.b_scale_stride_n, p.b_scale_group_stride, p.n,
                           offsets, counts};
-  const int64_t warps = rows * ((p.k / 32 + 31) / 32);
+  const int64_t warps = rows * ((p.k / 32 + kFp4ExpandGroupsPerWarp - 1) / kFp4ExpandGroupsPerWarp);
   const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
   const auto* packed = static_cast<const uint8_t*>(b);
   if (fold_) {

@@ -289,7 +289,8 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
 
   // 2. Each token row read once, quantized, written to its experts' segments.
   const float* gate_up_act_scale = args.gate_up_act_scale.defined() ? args.gate_up_act_scale.ptr<float>() : nullptr;
-  // On the decode path with FP4 experts, in the permuted order of the decode kernel's FINEGEMM_FP4_DECODE_PERM=1.
+  // On the decode path with FP4 experts, in the permuted order of the decode kernel (moe_decode_perm_wanted: by
+  // default since stop 43).
   const bool perm_k = decode && moe_decode_perm_wanted(args, rows);
   launch_moe_permute_quantize(args.hidden.data, args.hidden.dtype, num_tokens, hidden, top_k, routing, act,
                               gate_up_act_scale, x_q.as<uint8_t>(), x_scale.as<float>(), stream, chain, perm_k);

@@ -29,8 +29,8 @@ bool moe_gate_up_unfused(int64_t rows, int64_t gate_up_cols);
 // turns it off, =1 takes it to any row count.
 bool moe_decode_path(const MoeArgs& args, int64_t rows);
 // Whether moe_experts quantizes the rows (and the decode path its intermediate) in the FP4 decode kernel's permuted K
-// order (GemmParams::a_perm_k): FINEGEMM_FP4_DECODE_PERM=1 (off until measured; FINEGEMM_FP4_DECODE=0 also turns it
-// off), the decode path, FP4 experts and both GEMMs served by the permuted kernel (fp4_decode_perm_ok: UE8M0 scales,
+// order (GemmParams::a_perm_k): unless FINEGEMM_FP4_DECODE_PERM=0 (on by default since stop 43; FINEGEMM_FP4_DECODE=0
+// also turns it off), the decode path, FP4 experts and both GEMMs served by the permuted kernel (fp4_decode_perm_ok: UE8M0 scales,
 // H and I multiples of 128, activations in groups of 128, per token or static).
 bool moe_decode_perm_wanted(const MoeArgs& args, int64_t rows);
 

@@ -60,9 +60,15 @@ size_t moe_h_scale_bytes(const MoeArgs& args, int64_t rows) {
 
 }  // namespace
 
+// FP4 experts on the decode path take the permuted decode kernel (kPermK) where it serves the recipe, unless
+// FINEGEMM_FP4_DECODE_PERM=0. On by default since stop 43 (H200, DeepSeek-V3 layer, graph replay: T = 1 109.7 µs
+// against 118.7 plain, T = 16 973.5 against 1095.2; bench/results/stop43_call1_2026-12-05_06500c5.json). Dense FP4
+// decode keeps the plain kernel by default (fp4_decode_perm_wanted: M = 1 N = 7168 K = 16384 41.4 µs permuted against
+// 38.4 plain in the same call). At prefill sizes (the decode path forced, 128-token tiles) it lost: T = 4096 15342 µs
+// against 8814 on the grouped path.
 bool moe_decode_perm_wanted(const MoeArgs& args, int64_t rows) {
   if (rows <= 0 || args.weight_recipe.element != ElementType::FP4_E2M1 ||
-      !env_switch("FINEGEMM_FP4_DECODE_PERM", false) || !env_switch("FINEGEMM_FP4_DECODE", true) ||
+      !env_switch("FINEGEMM_FP4_DECODE_PERM", true) || !env_switch("FINEGEMM_FP4_DECODE", true) ||
       !moe_decode_path(args, rows))
     return false;
   const auto& act = args.activation_recipe;

@@ -169,11 +169,13 @@ void launch_sm90_fp8_grouped_lean(const void* a, int64_t lda, const void* b, int
 }
 
 namespace {
-// A 0/1 switch: unset or "0" off, "1" on, anything else an error naming the variable, what it does and the value.
-bool strict_env_bool(const char* name, const char* what) {
+// A 0/1 switch: unset `fallback`, "0" off, "1" on, anything else an error naming the variable, what it does and the
+// value.
+bool strict_env_bool(const char* name, const char* what, bool fallback) {
   const char* env = std::getenv(name);
   const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return false;
+  if (v.empty()) return fallback;
+  if (v == "0") return false;
   if (v == "1") return true;
   throw Error(std::string(name) + ": expected 0 or 1 (" + what + "), got '" + v + "'");
 }
@@ -191,11 +193,12 @@ int lean_pair_mode() {
               v + "'");
 }
 
-// FINEGEMM_FP4_EXPAND_LEAN: 1 lets the lean kernel (gated, kGated) serve the expanded FP4 prefill's E4M3 GEMM with
-// tile scales (stop 40, not yet measured; the general kernel takes it otherwise: M = 4096 N = 4096 K = 7168 218 µs
-// general vs 176 lean on E4M3 weights, stop 36); unset or 0 not.
+// FINEGEMM_FP4_EXPAND_LEAN: unset or 1 lets the lean kernel (gated, kGated) serve the expanded FP4 prefill's E4M3
+// GEMM with tile scales; 0 leaves it to the general kernel. On by default since stop 43 (H200, graph replay, M = 4096
+// N = 4096 K = 7168 mxfp4-group128: 205.6 µs against 247.2 with the general kernel, the FP8 GEMM 173.9; exact:
+// bench/results/stop43_call2_2026-12-05_06500c5.json).
 bool fp4_expand_lean_wanted() {
-  return strict_env_bool("FINEGEMM_FP4_EXPAND_LEAN", "the lean kernel for the expanded FP4 prefill");
+  return strict_env_bool("FINEGEMM_FP4_EXPAND_LEAN", "the lean kernel for the expanded FP4 prefill", true);
 }
 
 long long grouped_lean_launches() { return grouped_lean_launch_count.load(std::memory_order_relaxed); }

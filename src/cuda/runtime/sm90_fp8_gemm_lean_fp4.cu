@@ -174,16 +174,18 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
   return std::stoi(v);
 }
 
-// FINEGEMM_FP4_LEAN_EXPAND: the producers' expansion. Unset or "serial": one MX group at a time (the kernel measured
-// at stop 39), 0; "batched": every load of a row's K block first (lean_gemm_body's kExpand 1, stop 40, not yet
-// measured), 1; "split": two producer warpgroups, each thread two groups of a row (kExpand 2, stop 40, not yet
-// measured; 128-row tiles: with FINEGEMM_FP4_LEAN=1 or 128), 2. Heights that cannot take a mode fall back
-// (launch_sm90_fp4_grouped_lean).
+// FINEGEMM_FP4_LEAN_EXPAND: the producers' expansion. "serial": one MX group at a time (the kernel of stop 39), 0;
+// unset or "batched": every load of a row's K block first (lean_gemm_body's kExpand 1), 1; "split": two producer
+// warpgroups, each thread two groups of a row (kExpand 2; 128-row tiles: with FINEGEMM_FP4_LEAN=1 or 128), 2. Heights
+// that cannot take a mode fall back (launch_sm90_fp4_grouped_lean). Batched by default since stop 43 (H200,
+// bench/results/stop43_call2_2026-12-05_06500c5.json): the DeepSeek-V3 FP4 layer at T = 4096 (192-row tiles) 8588 µs
+// against 8887 serial; dense M = 4096 N = 4096 K = 7168 on the lean FP4 kernel 447.9 against 463.4 serial, 424.3 split;
+// split at 128 rows took the layer to 10530.
 int fp4_lean_expand_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN_EXPAND");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "serial") return 0;
-  if (v == "batched") return 1;
+  if (v == "serial") return 0;
+  if (v.empty() || v == "batched") return 1;
   if (v == "split") return 2;
   throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial, batched or split (the producers' expansion), got '" + v + "'");
 }
