@@ -135,17 +135,68 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_tiles_kernel(Fp4ScaleView s
   if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
 }
 
-// One warp per (row, kFp4ExpandGroupsPerWarp groups of 32 codes of K): in step j lane l takes group
+// One warp per (row, 1024 codes of K): lane q takes the 32 codes of group q (16 packed bytes in, 32 bytes out).
+// kFold: emax per the flags (above); row_scale [rows, blocks] is written where the row blocks' emax is used.
+template <bool kFold>
+__global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_kernel(
+    const uint8_t* __restrict__ b, int64_t ldb, Fp4ScaleView s, int64_t rows, int k, uint8_t* __restrict__ out,
+    const int* __restrict__ tile_emax, float* __restrict__ row_scale, const int* __restrict__ flags) {
+  __shared__ uint2 table[9];
+  if (threadIdx.x < 9) table[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
+  __syncthreads();
+  const int flag = kFold ? *flags : 0;
+  if (flag & kFp4RowUnfoldable) return;  // the FP4 kernel runs on the packed weights instead
+  const int groups = k / 32, blocks = (k + 127) / 128;
+  const int chunks = (groups + 31) / 32;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kFp4ExpandThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= rows * chunks) return;  // whole warps: the shuffles below see every lane of the warp
+  const int64_t row = warp / chunks;
+  if (!s.group_used(row / s.n)) return;  // warp-uniform: one row per warp
+  const int q = static_cast<int>(warp % chunks) * 32 + lane;
+  const bool valid = q < groups;
+  uint2 tab = table[0];
+  if constexpr (kFold) {
+    const int e = valid ? s.at(row, q) : -1;
+    if (!(flag & kFp4TileUnfoldable)) {
+      if (valid) tab = table[min(tile_emax[s.tile_of(row) * blocks + q / 4] - e, 8)];
+    } else {
+      // The row's block of 128 is lanes 4j..4j+3 (q = 4·block + i); lanes past K take no part.
+      int hi = e;
+      hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, 1));
+      hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, 2));
+      if (valid) {
+        tab = table[min(hi - e, 8)];
+        if (q % 4 == 0) row_scale[row * blocks + q / 4] = fmt::ue8m0_to_float(static_cast<uint8_t>(hi));
+      }
+    }
+  }
+  if (!valid) return;
+  const uint4 w = __ldg(reinterpret_cast<const uint4*>(b + row * ldb + static_cast<int64_t>(q) * 16));
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[2 * i] = e2m1x4_to_e4m3x4(words[i], tab.x, tab.y);
+    o[2 * i + 1] = e2m1x4_to_e4m3x4(words[i] >> 16, tab.x, tab.y);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + row * static_cast<int64_t>(k) + static_cast<int64_t>(q) * 32);
+  dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// The same expansion with one warp per (row, kFp4ExpandGroupsPerWarp groups of 32 codes of K)
+// (FINEGEMM_FP4_EXPAND_WIDE=1, off: written at stop 43 without a GPU): in step j lane l takes group
 // q = kFp4ExpandGroupsPerWarp · chunk + 32 · j + l (16 packed bytes in, 32 bytes out). The row's scale, weight and
 // output addresses (and its tile) are computed once per warp, and every step's loads are issued before the first
-// expansion. NOTE: until stop 43 a warp took 32 groups and each thread redid the 64-bit row and tile divisions for its
-// 16 bytes: ncu gave 23.1-24.3 µs for M = 4096 N = 4096 K = 7168 (44 MB moved, 1.9 TB/s; stop 22).
-// kFold: emax per the flags (above); row_scale [rows, blocks] is written where the row blocks' emax is used.
+// expansion. fp4_expand_weights_kernel has each thread redo the 64-bit row and tile divisions (subroutine calls) for
+// its 16 bytes: ncu gave it 23.1-24.3 µs at M = 4096 N = 4096 K = 7168 (44 MB moved, 1.9 TB/s; stop 22), about the
+// margin by which the expanded FP4 prefill misses 85% of the FP8 GEMM's speed (stop 43: 205.6 against 173.9 µs).
 inline constexpr int kFp4ExpandGroupsPerWarp = 128;
 inline constexpr int kFp4ExpandSteps = kFp4ExpandGroupsPerWarp / 32;
 
 template <bool kFold>
-__global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_kernel(
+__global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_wide_kernel(
     const uint8_t* __restrict__ b, int64_t ldb, Fp4ScaleView s, int64_t rows, int k, uint8_t* __restrict__ out,
     const int* __restrict__ tile_emax, float* __restrict__ row_scale, const int* __restrict__ flags) {
   __shared__ uint2 table[9];

@@ -1,5 +1,8 @@
 // Host side of src/cuda/kernels/fp4_expand_weights.cuh.
+#include <atomic>
 #include <cstdlib>
+#include <string>
+#include <type_traits>
 
 #include "cuda/kernels/fp4_expand_weights.cuh"
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
@@ -13,6 +16,8 @@ bool expandable(const GemmParams& p) {
   return p.b_fp4 && p.b_block_n == 1 && p.b_block_k == 32 && p.gate == nullptr && p.b_scale != nullptr;
 }
 
+std::atomic<long long> expand_wide_launch_count{0};
+
 long env_long(const char* name, long fallback) {
   const char* env = std::getenv(name);
   return env && *env ? std::strtol(env, nullptr, 10) : fallback;
@@ -21,6 +26,16 @@ long env_long(const char* name, long fallback) {
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
+
+bool fp4_expand_wide_wanted() {
+  const char* env = std::getenv("FINEGEMM_FP4_EXPAND_WIDE");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("FINEGEMM_FP4_EXPAND_WIDE: expected 0 or 1 (the FP4 expansion with 128 groups per warp), got '" + v + "'");
+}
+
+long long fp4_expand_wide_launches() { return expand_wide_launch_count.load(std::memory_order_relaxed); }
 
 bool fp4_expand_wanted(const GemmParams& p) {
   const long min_m = env_long("FINEGEMM_FP4_EXPAND_M", 256);
@@ -56,9 +71,23 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
 
   const Fp4ScaleView view{static_cast<const uint8_t*>(p.b_scale), p.b_scale_stride_n, p.b_scale_group_stride, p.n,
                           offsets, counts};
-  const int64_t warps = rows * ((p.k / 32 + kFp4ExpandGroupsPerWarp - 1) / kFp4ExpandGroupsPerWarp);
+  // A warp per row and 32 groups of K, or per row and kFp4ExpandGroupsPerWarp groups (FINEGEMM_FP4_EXPAND_WIDE=1).
+  const bool wide = !scan_only && fp4_expand_wide_wanted();
+  const int groups_per_warp = wide ? kFp4ExpandGroupsPerWarp : 32;
+  const int64_t warps = rows * ((p.k / 32 + groups_per_warp - 1) / groups_per_warp);
   const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
   const auto* packed = static_cast<const uint8_t*>(b);
+  auto expand = [&](auto fold, const int* tile_emax_arg, float* row_scale_arg, const int* flags_arg) {
+    constexpr bool kFold = decltype(fold)::value;
+    if (wide) {
+      fp4_expand_weights_wide_kernel<kFold><<<grid, kFp4ExpandThreads, 0, stream>>>(
+          packed, ldb, view, rows, p.k, weights_, tile_emax_arg, row_scale_arg, flags_arg);
+      expand_wide_launch_count.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      fp4_expand_weights_kernel<kFold><<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_,
+                                                                               tile_emax_arg, row_scale_arg, flags_arg);
+    }
+  };
   if (fold_) {
     FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
     if (scan_only) {
@@ -70,11 +99,9 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
       return;
     }
     fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
-    fp4_expand_weights_kernel<true>
-        <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, tile_emax, row_scale_, flags_);
+    expand(std::true_type{}, tile_emax, row_scale_, flags_);
   } else {
-    fp4_expand_weights_kernel<false>
-        <<<grid, kFp4ExpandThreads, 0, stream>>>(packed, ldb, view, rows, p.k, weights_, nullptr, nullptr, nullptr);
+    expand(std::false_type{}, nullptr, nullptr, nullptr);
   }
   FG_CUDA_CHECK(cudaGetLastError());
 }

@@ -68,6 +68,11 @@ class Fp4Expansion {
 // 25, DeepSeek-V3 FP4 experts, layer µs, in-kernel expansion -> expanded first): T=4096 (128 rows per expert) 13117 ->
 // 12534, T=2048 (64 rows) 11762 -> 11053.
 bool fp4_expand_wanted(const GemmParams& p);
+// FINEGEMM_FP4_EXPAND_WIDE: 1 expands with fp4_expand_weights_wide_kernel (a warp per row and 128 groups of K, the
+// row arithmetic once per warp; stop 43, not yet run on a GPU), unset or 0 with fp4_expand_weights_kernel; anything
+// else is an error naming the variable. fp4_expand_wide_launches counts the wide kernel's launches (tests).
+bool fp4_expand_wide_wanted();
+long long fp4_expand_wide_launches();
 bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group);
 
 }  // namespace finegemm::cuda
