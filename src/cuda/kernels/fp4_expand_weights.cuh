@@ -135,6 +135,15 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_tiles_kernel(Fp4ScaleView s
   if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
 }
 
+// The expansion kernels' start: the fold table's rows 0-8 into shared memory (threads 0-8), a barrier, and the scan's
+// flags (kFold; 0 without a fold).
+template <bool kFold>
+__device__ __forceinline__ int fp4_expand_prologue(uint2* table, const int* __restrict__ flags) {
+  if (threadIdx.x < 9) table[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
+  __syncthreads();
+  return kFold ? *flags : 0;
+}
+
 // One warp per (row, 1024 codes of K): lane q takes the 32 codes of group q (16 packed bytes in, 32 bytes out).
 // kFold: emax per the flags (above); row_scale [rows, blocks] is written where the row blocks' emax is used.
 template <bool kFold>
@@ -142,9 +151,7 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_kernel(
     const uint8_t* __restrict__ b, int64_t ldb, Fp4ScaleView s, int64_t rows, int k, uint8_t* __restrict__ out,
     const int* __restrict__ tile_emax, float* __restrict__ row_scale, const int* __restrict__ flags) {
   __shared__ uint2 table[9];
-  if (threadIdx.x < 9) table[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
-  __syncthreads();
-  const int flag = kFold ? *flags : 0;
+  const int flag = fp4_expand_prologue<kFold>(table, flags);
   if (flag & kFp4RowUnfoldable) return;  // the FP4 kernel runs on the packed weights instead
   const int groups = k / 32, blocks = (k + 127) / 128;
   const int chunks = (groups + 31) / 32;
@@ -200,9 +207,7 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_wide_ker
     const uint8_t* __restrict__ b, int64_t ldb, Fp4ScaleView s, int64_t rows, int k, uint8_t* __restrict__ out,
     const int* __restrict__ tile_emax, float* __restrict__ row_scale, const int* __restrict__ flags) {
   __shared__ uint2 table[9];
-  if (threadIdx.x < 9) table[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
-  __syncthreads();
-  const int flag = kFold ? *flags : 0;
+  const int flag = fp4_expand_prologue<kFold>(table, flags);
   if (flag & kFp4RowUnfoldable) return;  // the FP4 kernel runs on the packed weights instead
   const int groups = k / 32, blocks = (k + 127) / 128;
   const int chunks = (groups + kFp4ExpandGroupsPerWarp - 1) / kFp4ExpandGroupsPerWarp;
