@@ -631,32 +631,45 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
   check_gated_lean("tile of spread 9, expanded weights (row scales)", tiles);
 }
 
-// The wide expansion kernel (FINEGEMM_FP4_EXPAND_WIDE=1: a warp per row and 128 groups of K, stop 43) on the
-// expanded prefill: K = 4960 is 155 groups, a warp's four full steps and then one step of 27 groups whose last K
-// block holds three (lanes past K idle, also in the row path's shuffles). Row tops that differ take the row-scale
-// path, tops shared per K block the tile-scale path, and one tile of spread 9 the row path again; FP32 and packed
-// scales expand unfolded. Exact like the default kernel, and the wide kernel counted.
+// The wide expansion kernel (FINEGEMM_FP4_EXPAND_WIDE=1: a warp per row and 128 groups of K, stop 43), and with it
+// the wide fold scan (=2: a CTA per tile and 8 K blocks), on the expanded prefill: K = 4960 is 155 groups, a warp's
+// four full steps and then one step of 27 groups whose last K block holds three (lanes past K idle, also in the row
+// path's shuffles), and 39 K blocks, whose last scan CTA takes 7. Row tops that differ take the row-scale path, tops
+// shared per K block the tile-scale path, one tile of spread 9 the row path again, and one row block of spread 12 the
+// gated FP4 kernel (the scan's row flag: the expansion writes nothing); FP32 and packed scales expand unfolded. Exact
+// like the default kernels, and the wide kernels counted.
 TEST_P(Fp4Linear, ExactWideExpansion) {
   if (!gpu()) GTEST_SKIP() << "the expansion is a CUDA kernel";
   const int spreads[] = {0, 1, 7, 8};
-  const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0"),
-      wide("FINEGEMM_FP4_EXPAND_WIDE", "1");
   const std::vector<int64_t> ms = {200};
   const std::vector<ActKind> acts = {ActKind::Static, ActKind::Group128Pow2};
-  const long long before = cuda::fp4_expand_wide_launches();
   const Fp4Matrix rows = crafted_matrix(208, 4960, [&](int64_t, int64_t b) { return spreads[b % 4]; });
   ASSERT_EQ(rows.blocks(), 39);
   ASSERT_EQ(count_wide(rows), 0);
-  check_exact(target(), gpu(), "wide expansion, row tops", rows, ms, {std::begin(kScaleKinds), std::end(kScaleKinds)},
-              acts);
   Fp4Matrix tiles = crafted_matrix(208, 4960, [&](int64_t, int64_t b) { return spreads[b % 4]; }, true);
   ASSERT_EQ(count_wide(tiles), 0);
-  check_exact(target(), gpu(), "wide expansion, tops shared per tile (tile scales)", tiles, ms, {ScaleKind::UE8M0},
-              acts);
-  for (int64_t g = 12; g < 16; ++g) tiles.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile
-  ASSERT_EQ(tiles.spread(150, 3), 8);
-  check_exact(target(), gpu(), "wide expansion, a tile of spread 9 (row scales)", tiles, ms, {ScaleKind::UE8M0}, acts);
-  EXPECT_GE(cuda::fp4_expand_wide_launches() - before, 3) << "the wide expansion kernel was not launched";
+  Fp4Matrix tile9 = tiles;
+  for (int64_t g = 12; g < 16; ++g) tile9.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile
+  ASSERT_EQ(tile9.spread(150, 3), 8);
+  const Fp4Matrix one_wide =
+      crafted_matrix(208, 4960, [&](int64_t r, int64_t b) { return r == 77 && b == 37 ? 12 : spreads[b % 4]; });
+  ASSERT_EQ(count_wide(one_wide), 1);
+  for (const char* mode : {"1", "2"}) {
+    SCOPED_TRACE(std::string("FINEGEMM_FP4_EXPAND_WIDE=") + mode);
+    const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0"),
+        wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
+    const long long before = cuda::fp4_expand_wide_launches(), scans = cuda::fp4_scan_wide_launches();
+    check_exact(target(), gpu(), "wide expansion, row tops", rows, ms, {std::begin(kScaleKinds), std::end(kScaleKinds)},
+                acts);
+    check_exact(target(), gpu(), "wide expansion, tops shared per tile (tile scales)", tiles, ms, {ScaleKind::UE8M0},
+                acts);
+    check_exact(target(), gpu(), "wide expansion, a tile of spread 9 (row scales)", tile9, ms, {ScaleKind::UE8M0}, acts);
+    check_exact(target(), gpu(), "wide expansion, a row block of spread 12 (the gated FP4 kernel)", one_wide, ms,
+                {ScaleKind::UE8M0}, acts);
+    EXPECT_GE(cuda::fp4_expand_wide_launches() - before, 4) << "the wide expansion kernel was not launched";
+    if (std::string(mode) == "2") EXPECT_GE(cuda::fp4_scan_wide_launches() - scans, 4) << "the wide scan was not launched";
+    else EXPECT_EQ(cuda::fp4_scan_wide_launches(), scans) << "the wide scan ran without FINEGEMM_FP4_EXPAND_WIDE=2";
+  }
 }
 
 // The lean kernel that expands FP4 weights in its producer warpgroup (FINEGEMM_FP4_LEAN=1, sm90_fp8_gemm_lean.cuh

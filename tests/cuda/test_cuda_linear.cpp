@@ -711,7 +711,8 @@ void check_switch(const char* name, std::initializer_list<std::pair<const char*,
 
 // FINEGEMM_GEMM_LEAN_PAIR: unset and "0" off, "1" pairs sharing B, "a" pairs sharing A. FINEGEMM_FP4_LEAN_EXPAND:
 // "serial" keeps the serial expansion, unset and "batched" batch, "split" takes two producer warpgroups.
-// FINEGEMM_FP4_EXPAND_LEAN: unset and "1" on, "0" off. FINEGEMM_FP4_EXPAND_WIDE: unset and "0" off, "1" on.
+// FINEGEMM_FP4_EXPAND_LEAN: unset and "1" on, "0" off. FINEGEMM_FP4_EXPAND_WIDE: unset and "0" off, "1" the
+// wide expansion, "2" that and the wide scan.
 TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
   check_switch<int>("FINEGEMM_GEMM_LEAN_PAIR", {{"", 0}, {"0", 0}, {"1", 1}, {"a", 2}}, {"2", "yes", "A", "on"},
                     [] { return cuda::lean_pair_mode(); });
@@ -719,8 +720,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
                     {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_expand_mode(); });
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", true}, {"0", false}, {"1", true}}, {"2", "lean"},
                      [] { return cuda::fp4_expand_lean_wanted(); });
-  check_switch<bool>("FINEGEMM_FP4_EXPAND_WIDE", {{"", false}, {"0", false}, {"1", true}}, {"2", "wide"},
-                     [] { return cuda::fp4_expand_wide_wanted(); });
+  check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", 0}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
+                    [] { return cuda::fp4_expand_wide_mode(); });
 }
 
 // 2-CTA clusters sharing A ("c2a"): the pair takes adjacent column blocks of one row block, each CTA loading half of

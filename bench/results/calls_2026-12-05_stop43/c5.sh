@@ -7,7 +7,8 @@
 #     Fp4Moe.ExpertsWithCraftedSpreadsMatchReference), test_cuda_linear's switch test and quick LeanKernelSameBits,
 #     test_cuda_moe's recipes and decode path.
 # (2) Dense FP4 prefill M = 4096 N = 4096 K = 7168 by default (expansion + gated lean GEMM), with the wide expansion
-#     kernel (FINEGEMM_FP4_EXPAND_WIDE=1; its test, ExactWideExpansion, runs in (1)) and with the general GEMM
+#     kernel (FINEGEMM_FP4_EXPAND_WIDE=1), with it and the wide fold scan (=2; their test, ExactWideExpansion, runs
+#     in (1)) and with the general GEMM
 #     (FINEGEMM_FP4_EXPAND_LEAN=0), the FP8 GEMM beside (issue 5: FP4 at >= 85% of FP8's speed: 205.6 vs 173.9 µs).
 # (3) DeepSeek-V3 FP4 layer, T = 1 and 16 (the permuted decode default) and T = 4096 (the batched lean default).
 # (4) bench/linear.py at M = 4096 on N = 32768 K = 512 and N = 24576 K = 1536 (the shapes under 1.0x cuBLASLt at stop
@@ -32,7 +33,7 @@ for l in open(sys.argv[1]):
         r = json.loads(l); print("  %-18s M=%-5d N=%-6d K=%-6d %-28s graph=%8.2f us ev=%8.2f %6.0f TF/s rel=%.2e" % (r["variant"], r["m"], r["n"], r["k"], (r["env"] or "default"), r["us_graph"] or 0, r["us"], r.get("tflops", 0) or 0, r["rel_err"]))
 ' $1; }
 if left 90; then
-  timeout 40 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128,block-fp32-dynamic --envs ";FINEGEMM_FP4_EXPAND_WIDE=1;FINEGEMM_FP4_EXPAND_LEAN=0" >$W/dense_fp4.jsonl 2>$W/dense_fp4.err
+  timeout 40 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128,block-fp32-dynamic --envs ";FINEGEMM_FP4_EXPAND_WIDE=1;FINEGEMM_FP4_EXPAND_WIDE=2;FINEGEMM_FP4_EXPAND_LEAN=0" >$W/dense_fp4.jsonl 2>$W/dense_fp4.err
   echo "-- dense FP4 (default, wide expansion, general GEMM) and FP8 $(el)"; show $W/dense_fp4.jsonl; tail -n 1 $W/dense_fp4.err
 fi
 showmoe() { grep -vE "^#|^$" $1 | python3 -c '

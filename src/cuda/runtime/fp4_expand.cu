@@ -17,6 +17,7 @@ bool expandable(const GemmParams& p) {
 }
 
 std::atomic<long long> expand_wide_launch_count{0};
+std::atomic<long long> scan_wide_launch_count{0};
 
 long env_long(const char* name, long fallback) {
   const char* env = std::getenv(name);
@@ -27,15 +28,18 @@ size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-bool fp4_expand_wide_wanted() {
+int fp4_expand_wide_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_EXPAND_WIDE");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return false;
-  if (v == "1") return true;
-  throw Error("FINEGEMM_FP4_EXPAND_WIDE: expected 0 or 1 (the FP4 expansion with 128 groups per warp), got '" + v + "'");
+  if (v.empty() || v == "0") return 0;
+  if (v == "1") return 1;
+  if (v == "2") return 2;
+  throw Error("FINEGEMM_FP4_EXPAND_WIDE: expected 0, 1 (the FP4 expansion with 128 groups per warp) or 2 (that and the "
+              "fold scan with 8 K blocks per CTA), got '" + v + "'");
 }
 
 long long fp4_expand_wide_launches() { return expand_wide_launch_count.load(std::memory_order_relaxed); }
+long long fp4_scan_wide_launches() { return scan_wide_launch_count.load(std::memory_order_relaxed); }
 
 bool fp4_expand_wanted(const GemmParams& p) {
   const long min_m = env_long("FINEGEMM_FP4_EXPAND_M", 256);
@@ -72,7 +76,8 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   const Fp4ScaleView view{static_cast<const uint8_t*>(p.b_scale), p.b_scale_stride_n, p.b_scale_group_stride, p.n,
                           offsets, counts};
   // A warp per row and 32 groups of K, or per row and kFp4ExpandGroupsPerWarp groups (FINEGEMM_FP4_EXPAND_WIDE=1).
-  const bool wide = !scan_only && fp4_expand_wide_wanted();
+  const int wide_mode = scan_only ? 0 : fp4_expand_wide_mode();
+  const bool wide = wide_mode >= 1;
   const int groups_per_warp = wide ? kFp4ExpandGroupsPerWarp : 32;
   const int64_t warps = rows * ((p.k / 32 + groups_per_warp - 1) / groups_per_warp);
   const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
@@ -98,7 +103,15 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
       FG_CUDA_CHECK(cudaGetLastError());
       return;
     }
-    fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_, flags_);
+    if (wide_mode == 2) {
+      const auto scan_y = static_cast<unsigned>((blocks_ + kFp4ScanWideBlocks - 1) / kFp4ScanWideBlocks);
+      fp4_fold_scan_wide_kernel<<<dim3(groups * tiles_, scan_y), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_,
+                                                                                 flags_);
+      scan_wide_launch_count.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_,
+                                                                            flags_);
+    }
     expand(std::true_type{}, tile_emax, row_scale_, flags_);
   } else {
     expand(std::false_type{}, nullptr, nullptr, nullptr);

@@ -69,10 +69,12 @@ class Fp4Expansion {
 // 12534, T=2048 (64 rows) 11762 -> 11053.
 bool fp4_expand_wanted(const GemmParams& p);
 // FINEGEMM_FP4_EXPAND_WIDE: 1 expands with fp4_expand_weights_wide_kernel (a warp per row and 128 groups of K, the
-// row arithmetic once per warp; stop 43, not yet run on a GPU), unset or 0 with fp4_expand_weights_kernel; anything
-// else is an error naming the variable. fp4_expand_wide_launches counts the wide kernel's launches (tests).
-bool fp4_expand_wide_wanted();
+// row arithmetic once per warp), 2 also scans with fp4_fold_scan_wide_kernel (a CTA per tile and 8 K blocks); unset
+// or 0 neither (stop 43, not yet run on a GPU); anything else is an error naming the variable. The counters give the
+// wide kernels' launches (tests).
+int fp4_expand_wide_mode();
 long long fp4_expand_wide_launches();
+long long fp4_scan_wide_launches();
 bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group);
 
 }  // namespace finegemm::cuda
