@@ -632,43 +632,71 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
 }
 
 // The wide expansion kernel (FINEGEMM_FP4_EXPAND_WIDE=1: a warp per row and 128 groups of K, stop 43), and with it
-// the wide fold scan (=2: a CTA per tile and 8 K blocks), on the expanded prefill: K = 4960 is 155 groups, a warp's
-// four full steps and then one step of 27 groups whose last K block holds three (lanes past K idle, also in the row
-// path's shuffles), and 39 K blocks, whose last scan CTA takes 7. Row tops that differ take the row-scale path, tops
-// shared per K block the tile-scale path, one tile of spread 9 the row path again, and one row block of spread 12 the
-// gated FP4 kernel (the scan's row flag: the expansion writes nothing); FP32 and packed scales expand unfolded. Exact
-// like the default kernels, and the wide kernels counted.
+// the wide fold scan (=2: a CTA per tile and 8 K blocks), on the expanded prefill. K = 4960 is 155 groups: a warp's
+// four full steps, then one step of 27 groups whose last K block holds three (lanes past K idle, also in the row
+// path's shuffles), and 39 K blocks, whose last scan CTA takes 7 (static activations only: K % 128 != 0). K = 6400 is
+// 200 groups: a last chunk of three steps (the third partial), 50 K blocks (a last scan CTA of 2), with activation
+// groups of 128. Row tops that differ take the row-scale path, tops shared per K block the tile-scale path, one tile
+// of spread 9 the row path again, and one row block of spread 12 the gated FP4 kernel (the scan's row flag: the
+// expansion writes nothing); FP32 and packed scales expand unfolded. Exact like the default kernels, and bit for bit
+// the default kernels' output on random BF16 rows (quantized by linear(): the accumulation order shows which gated
+// GEMM ran, so a flag set wrongly by the wide scan fails there even where the result stays exact); the wide kernels'
+// launches counted.
 TEST_P(Fp4Linear, ExactWideExpansion) {
   if (!gpu()) GTEST_SKIP() << "the expansion is a CUDA kernel";
   const int spreads[] = {0, 1, 7, 8};
   const std::vector<int64_t> ms = {200};
-  const std::vector<ActKind> acts = {ActKind::Static, ActKind::Group128Pow2};
-  const Fp4Matrix rows = crafted_matrix(208, 4960, [&](int64_t, int64_t b) { return spreads[b % 4]; });
-  ASSERT_EQ(rows.blocks(), 39);
-  ASSERT_EQ(count_wide(rows), 0);
-  Fp4Matrix tiles = crafted_matrix(208, 4960, [&](int64_t, int64_t b) { return spreads[b % 4]; }, true);
-  ASSERT_EQ(count_wide(tiles), 0);
-  Fp4Matrix tile9 = tiles;
-  for (int64_t g = 12; g < 16; ++g) tile9.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile
-  ASSERT_EQ(tile9.spread(150, 3), 8);
-  const Fp4Matrix one_wide =
-      crafted_matrix(208, 4960, [&](int64_t r, int64_t b) { return r == 77 && b == 37 ? 12 : spreads[b % 4]; });
-  ASSERT_EQ(count_wide(one_wide), 1);
-  for (const char* mode : {"1", "2"}) {
-    SCOPED_TRACE(std::string("FINEGEMM_FP4_EXPAND_WIDE=") + mode);
-    const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0"),
-        wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
-    const long long before = cuda::fp4_expand_wide_launches(), scans = cuda::fp4_scan_wide_launches();
-    check_exact(target(), gpu(), "wide expansion, row tops", rows, ms, {std::begin(kScaleKinds), std::end(kScaleKinds)},
-                acts);
-    check_exact(target(), gpu(), "wide expansion, tops shared per tile (tile scales)", tiles, ms, {ScaleKind::UE8M0},
-                acts);
-    check_exact(target(), gpu(), "wide expansion, a tile of spread 9 (row scales)", tile9, ms, {ScaleKind::UE8M0}, acts);
-    check_exact(target(), gpu(), "wide expansion, a row block of spread 12 (the gated FP4 kernel)", one_wide, ms,
-                {ScaleKind::UE8M0}, acts);
-    EXPECT_GE(cuda::fp4_expand_wide_launches() - before, 4) << "the wide expansion kernel was not launched";
-    if (std::string(mode) == "2") EXPECT_GE(cuda::fp4_scan_wide_launches() - scans, 4) << "the wide scan was not launched";
-    else EXPECT_EQ(cuda::fp4_scan_wide_launches(), scans) << "the wide scan ran without FINEGEMM_FP4_EXPAND_WIDE=2";
+  for (const int64_t k : {int64_t{4960}, int64_t{6400}}) {
+    SCOPED_TRACE("K=" + std::to_string(k));
+    const std::vector<ActKind> acts =
+        k % 128 == 0 ? std::vector<ActKind>{ActKind::Static, ActKind::Group128Pow2} : std::vector<ActKind>{ActKind::Static};
+    const Fp4Matrix rows = crafted_matrix(208, k, [&](int64_t, int64_t b) { return spreads[b % 4]; });
+    ASSERT_EQ(count_wide(rows), 0);
+    Fp4Matrix tiles = crafted_matrix(208, k, [&](int64_t, int64_t b) { return spreads[b % 4]; }, true);
+    ASSERT_EQ(count_wide(tiles), 0);
+    Fp4Matrix tile9 = tiles;
+    for (int64_t g = 12; g < 16; ++g) tile9.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile
+    ASSERT_EQ(tile9.spread(150, 3), 8);
+    const Fp4Matrix one_wide =
+        crafted_matrix(208, k, [&](int64_t r, int64_t b) { return r == 77 && b == 37 ? 12 : spreads[b % 4]; });
+    ASSERT_EQ(count_wide(one_wide), 1);
+    const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0");
+    for (const char* mode : {"1", "2"}) {
+      SCOPED_TRACE(std::string("FINEGEMM_FP4_EXPAND_WIDE=") + mode);
+      const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
+      const long long before = cuda::fp4_expand_wide_launches(), scans = cuda::fp4_scan_wide_launches();
+      check_exact(target(), gpu(), "wide expansion, row tops", rows, ms,
+                  {std::begin(kScaleKinds), std::end(kScaleKinds)}, acts);
+      check_exact(target(), gpu(), "wide expansion, tops shared per tile (tile scales)", tiles, ms, {ScaleKind::UE8M0},
+                  acts);
+      check_exact(target(), gpu(), "wide expansion, a tile of spread 9 (row scales)", tile9, ms, {ScaleKind::UE8M0},
+                  acts);
+      check_exact(target(), gpu(), "wide expansion, a row block of spread 12 (the gated FP4 kernel)", one_wide, ms,
+                  {ScaleKind::UE8M0}, acts);
+      EXPECT_GT(cuda::fp4_expand_wide_launches(), before) << "the wide expansion kernel was not launched";
+      if (std::string(mode) == "2") EXPECT_GT(cuda::fp4_scan_wide_launches(), scans) << "the wide scan was not launched";
+      else EXPECT_EQ(cuda::fp4_scan_wide_launches(), scans) << "the wide scan ran without FINEGEMM_FP4_EXPAND_WIDE=2";
+    }
+    // Bit for bit against the default kernels: byte UE8M0 scales (the fold and the scan), random BF16 rows.
+    const Buffer x = testing::random_tensor(DType::BF16, {200, k});
+    Buffer x_scale(DType::F32, {});
+    *x_scale.ptr<float>() = 4.0f / 448.0f;
+    for (const auto& [what, w] : {std::pair<const char*, const Fp4Matrix*>{"row tops", &rows}, {"tile tops", &tiles},
+                                  {"a tile of spread 9", &tile9}, {"a row block of spread 12", &one_wide}}) {
+      const Buffer weight = w->packed(), weight_scale = w->stored_scales(ScaleKind::UE8M0);
+      for (ActKind act : acts) {
+        Buffer outs[3];
+        for (int mode = 0; mode < 3; ++mode) {
+          const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", std::to_string(mode).c_str());
+          Buffer out_shape(DType::F32, {200, w->n});
+          outs[mode] = run_linear(linear_args(x, act == ActKind::Static ? x_scale : Buffer{}, act_recipe(act), weight,
+                                              weight_scale, recipe_of(ScaleKind::UE8M0), out_shape),
+                                  target());
+        }
+        EXPECT_EQ(outs[1].bytes, outs[0].bytes) << what << ", " << act_kind_name(act) << ": the wide expansion";
+        EXPECT_EQ(outs[2].bytes, outs[0].bytes) << what << ", " << act_kind_name(act) << ": the wide expansion and scan";
+      }
+    }
   }
 }
 
@@ -1516,6 +1544,16 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       const auto cmp = testing::compare(out, fold_ref);
       EXPECT_EQ(cmp.non_finite, 0);
       EXPECT_LE(cmp.rel, fold_bar(cmp.rel));
+      // The wide expansion, and with it the wide scan (FINEGEMM_FP4_EXPAND_WIDE=1 / 2, stop 43), on the grouped layout
+      // (the experts' row offsets on the device, a tile per 128 rows of each expert): the default expansion's bits.
+      for (const char* mode : {"1", "2"}) {
+        const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
+        const long long before = cuda::fp4_expand_wide_launches();
+        const Buffer wide_out = run_moe(f, target());
+        EXPECT_EQ(wide_out.bytes, out.bytes) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode << ": not the default expansion's bits";
+        EXPECT_EQ(cuda::fp4_expand_wide_launches() - before, 2) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode
+                                                                << ": gate_up's and down's expansions";
+      }
       // The grouped lean kernel expanding the packed experts in its producer warpgroup (FINEGEMM_FP4_LEAN, off by
       // default), at each tile height. Where every tile folds it runs the expanded path's E4M3 GEMM with the same
       // tile scales, so the layer gives the same bits (the lean kernels give the general kernel's bits); where a

@@ -57,6 +57,8 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   const bool scan_only = mode == Mode::ScanOnly;
   if (scan_only && !fold_)
     throw Error(ErrorKind::Runtime, "Fp4Expansion: the scan alone needs byte UE8M0 weight scales");
+  // Read before the scratch is allocated: a bad value throws here, where nothing is held yet.
+  const int wide_mode = scan_only ? 0 : fp4_expand_wide_mode();
   blocks_ = (p.k + kGemmBlockK - 1) / kGemmBlockK;
   tiles_ = (p.n + 127) / 128;
   const int64_t rows = static_cast<int64_t>(groups) * p.n;
@@ -75,8 +77,8 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
 
   const Fp4ScaleView view{static_cast<const uint8_t*>(p.b_scale), p.b_scale_stride_n, p.b_scale_group_stride, p.n,
                           offsets, counts};
-  // A warp per row and 32 groups of K, or per row and kFp4ExpandGroupsPerWarp groups (FINEGEMM_FP4_EXPAND_WIDE=1).
-  const int wide_mode = scan_only ? 0 : fp4_expand_wide_mode();
+  // A warp per row and 32 groups of K, or per row and kFp4ExpandGroupsPerWarp groups (FINEGEMM_FP4_EXPAND_WIDE=1 or
+  // 2; with 2 the fold scan below runs wide too).
   const bool wide = wide_mode >= 1;
   const int groups_per_warp = wide ? kFp4ExpandGroupsPerWarp : 32;
   const int64_t warps = rows * ((p.k / 32 + groups_per_warp - 1) / groups_per_warp);
