@@ -10,7 +10,8 @@
 #     kernel (FINEGEMM_FP4_EXPAND_WIDE=1), with it and the wide fold scan (=2; their test, ExactWideExpansion, runs
 #     in (1)) and with the general GEMM
 #     (FINEGEMM_FP4_EXPAND_LEAN=0), the FP8 GEMM beside (issue 5: FP4 at >= 85% of FP8's speed: 205.6 vs 173.9 µs).
-# (3) DeepSeek-V3 FP4 layer, T = 1 and 16 (the permuted decode default) and T = 4096 (the batched lean default).
+# (3) DeepSeek-V3 FP4 layer, T = 1 and 16 (the permuted decode default) and T = 4096 (the batched lean default), and
+#     T = 4096 with the wide scan on the lean kernel's scan-only calls (FINEGEMM_FP4_EXPAND_WIDE=2).
 # (4) bench/linear.py at M = 4096 on N = 32768 K = 512 and N = 24576 K = 1536 (the shapes under 1.0x cuBLASLt at stop
 #     39), default and with the lean pairs sharing A (FINEGEMM_GEMM_LEAN_PAIR=a), cuBLASLt in the same run.
 # Run as: C5_COMMIT=<commit> bash .snap/c5.sh
@@ -45,6 +46,8 @@ for l in sys.stdin:
 if left 110; then
   timeout 30 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1,16,4096 --recipes fp4 --check-tokens 1 >$W/moe_fp4.log 2>&1
   echo "-- DeepSeek-V3 FP4 T = 1, 16, 4096 (defaults) $(el)"; showmoe $W/moe_fp4.log
+  FINEGEMM_FP4_EXPAND_WIDE=2 timeout 25 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/moe_fp4_wide.log 2>&1
+  echo "-- DeepSeek-V3 FP4 T = 4096, FINEGEMM_FP4_EXPAND_WIDE=2 $(el)"; showmoe $W/moe_fp4_wide.log
 fi
 if left 130; then
   FINEGEMM_COMMIT=${C5_COMMIT:-unknown} timeout 50 python3 ../bench/linear.py --bench $B/bench/bench_cuda_linear --m 4096 --nk 32768:512,24576:1536 --variants block-fp32-dynamic --envs ";FINEGEMM_GEMM_LEAN_PAIR=a" --out $W/linear_pairs.json >$W/linear_pairs.txt 2>$W/linear_pairs.err

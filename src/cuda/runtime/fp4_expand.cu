@@ -57,8 +57,9 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   const bool scan_only = mode == Mode::ScanOnly;
   if (scan_only && !fold_)
     throw Error(ErrorKind::Runtime, "Fp4Expansion: the scan alone needs byte UE8M0 weight scales");
-  // Read before the scratch is allocated: a bad value throws here, where nothing is held yet.
-  const int wide_mode = scan_only ? 0 : fp4_expand_wide_mode();
+  // Read before the scratch is allocated: a bad value throws here, where nothing is held yet. ScanOnly calls take the
+  // wide scan with mode 2 (no expansion to widen).
+  const int wide_mode = fp4_expand_wide_mode();
   blocks_ = (p.k + kGemmBlockK - 1) / kGemmBlockK;
   tiles_ = (p.n + 127) / 128;
   const int64_t rows = static_cast<int64_t>(groups) * p.n;
@@ -79,7 +80,7 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
                           offsets, counts};
   // A warp per row and 32 groups of K, or per row and kFp4ExpandGroupsPerWarp groups (FINEGEMM_FP4_EXPAND_WIDE=1 or
   // 2; with 2 the fold scan below runs wide too).
-  const bool wide = wide_mode >= 1;
+  const bool wide = !scan_only && wide_mode >= 1;
   const int groups_per_warp = wide ? kFp4ExpandGroupsPerWarp : 32;
   const int64_t warps = rows * ((p.k / 32 + groups_per_warp - 1) / groups_per_warp);
   const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
@@ -97,9 +98,12 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   };
   if (fold_) {
     FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
-    if (scan_only) {
+    if (scan_only && wide_mode != 2) {
       // One CTA per tile walking its K blocks (fp4_fold_scan_tiles_kernel): the per-(tile, K block) grid below takes
       // 458752 CTAs for DeepSeek-V3's gate_up experts. The expansion's own scan is left as measured.
+      // NOTE: each of its threads walks the tile's K blocks with four byte loads at a time (a load latency per block);
+      // FINEGEMM_FP4_EXPAND_WIDE=2 sends scan-only calls to the wide scan as well (57344 CTAs for DeepSeek-V3's
+      // gate_up experts, up to 32 loads in flight per thread; stop 43, not yet run).
       fp4_fold_scan_tiles_kernel<<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,
                                                                                             tile_scale_, flags_);
       FG_CUDA_CHECK(cudaGetLastError());
@@ -110,6 +114,10 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
       fp4_fold_scan_wide_kernel<<<dim3(groups * tiles_, scan_y), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_,
                                                                                  flags_);
       scan_wide_launch_count.fetch_add(1, std::memory_order_relaxed);
+      if (scan_only) {
+        FG_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
     } else {
       fp4_fold_scan_kernel<<<dim3(groups * tiles_, blocks_), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_,
                                                                             flags_);

@@ -69,7 +69,8 @@ class Fp4Expansion {
 // 12534, T=2048 (64 rows) 11762 -> 11053.
 bool fp4_expand_wanted(const GemmParams& p);
 // FINEGEMM_FP4_EXPAND_WIDE: 1 expands with fp4_expand_weights_wide_kernel (a warp per row and 128 groups of K, the
-// row arithmetic once per warp), 2 also scans with fp4_fold_scan_wide_kernel (a CTA per tile and 8 K blocks); unset
+// row arithmetic once per warp), 2 also scans with fp4_fold_scan_wide_kernel (a CTA per tile and 8 K blocks; the lean
+// kernels' scan-only calls too); unset
 // or 0 neither (stop 43, not yet run on a GPU); anything else is an error naming the variable. The counters give the
 // wide kernels' launches (tests).
 int fp4_expand_wide_mode();
