@@ -1576,17 +1576,27 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
         if (served && shared_top)
           EXPECT_EQ(lean_out.bytes, out.bytes) << "not the expanded path's bits";
       }
-      // The wide scan on the grouped lean kernel's scan-only calls (FINEGEMM_FP4_EXPAND_WIDE=2, stop 43): the default
-      // scan's bits, where every tile folds (the lean kernel runs) and where row tops differ (its launches leave at the
-      // gate and the FP4 kernel runs).
+      // The wide scan on the grouped lean kernel's scan-only calls (FINEGEMM_FP4_EXPAND_WIDE=2, stop 43; the default
+      // since stop 44): the tiles scan's bits (FINEGEMM_FP4_EXPAND_WIDE=0), where every tile folds (the lean kernel
+      // runs) and where row tops differ (its launches leave at the gate and the FP4 kernel runs).
       if (served) {
         const ScopedEnv lean("FINEGEMM_FP4_LEAN", "192"), unfused("FINEGEMM_MOE_UNFUSED", "1");
-        const Buffer lean_default = run_moe(f, target());
-        const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", "2");
-        const long long scans = cuda::fp4_scan_wide_launches();
-        const Buffer lean_wide = run_moe(f, target());
-        EXPECT_EQ(lean_wide.bytes, lean_default.bytes) << "FINEGEMM_FP4_EXPAND_WIDE=2: not the default scan's bits";
-        EXPECT_EQ(cuda::fp4_scan_wide_launches() - scans, 2) << "gate_up's and down's scans";
+        Buffer lean_narrow;
+        {
+          const ScopedEnv narrow("FINEGEMM_FP4_EXPAND_WIDE", "0");
+          const long long scans = cuda::fp4_scan_wide_launches();
+          lean_narrow = run_moe(f, target());
+          EXPECT_EQ(cuda::fp4_scan_wide_launches(), scans) << "FINEGEMM_FP4_EXPAND_WIDE=0 took the wide scan";
+        }
+        for (const char* mode : {"", "2"}) {
+          const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
+          const long long scans = cuda::fp4_scan_wide_launches();
+          const Buffer lean_wide = run_moe(f, target());
+          EXPECT_EQ(lean_wide.bytes, lean_narrow.bytes)
+              << "FINEGEMM_FP4_EXPAND_WIDE='" << mode << "': not the tiles scan's bits";
+          EXPECT_EQ(cuda::fp4_scan_wide_launches() - scans, 2) << "FINEGEMM_FP4_EXPAND_WIDE='" << mode
+                                                                << "': gate_up's and down's scans";
+        }
       }
     }
   }

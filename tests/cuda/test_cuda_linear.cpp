@@ -709,18 +709,36 @@ void check_switch(const char* name, std::initializer_list<std::pair<const char*,
   }
 }
 
-// FINEGEMM_GEMM_LEAN_PAIR: unset and "0" off, "1" pairs sharing B, "a" pairs sharing A. FINEGEMM_FP4_LEAN_EXPAND:
+// FINEGEMM_GEMM_LEAN_PAIR: unset by shape (-1), "0" off, "1" pairs sharing B, "a" pairs sharing A; unset resolves to
+// pairs sharing A at short K and large M only. FINEGEMM_FP4_LEAN_EXPAND:
 // "serial" keeps the serial expansion, unset and "batched" batch, "split" takes two producer warpgroups.
-// FINEGEMM_FP4_EXPAND_LEAN: unset and "1" on, "0" off. FINEGEMM_FP4_EXPAND_WIDE: unset and "0" off, "1" the
-// wide expansion, "2" that and the wide scan.
+// FINEGEMM_FP4_EXPAND_LEAN: unset and "1" on, "0" off. FINEGEMM_FP4_EXPAND_WIDE: unset -1 (the wide scan on
+// scan-only calls), "0" off, "1" the wide expansion, "2" that and the wide scan.
 TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
-  check_switch<int>("FINEGEMM_GEMM_LEAN_PAIR", {{"", 0}, {"0", 0}, {"1", 1}, {"a", 2}}, {"2", "yes", "A", "on"},
+  check_switch<int>("FINEGEMM_GEMM_LEAN_PAIR", {{"", -1}, {"0", 0}, {"1", 1}, {"a", 2}}, {"2", "yes", "A", "on"},
                     [] { return cuda::lean_pair_mode(); });
+  // The shape rule behind the unset switch, at its edges; a set switch wins everywhere.
+  const auto params = [](int m, int k) {
+    cuda::GemmParams p;
+    p.m = m;
+    p.n = 4096;
+    p.k = k;
+    return p;
+  };
+  EXPECT_EQ(cuda::lean_pair_default(params(4096, 512), -1), 2);
+  EXPECT_EQ(cuda::lean_pair_default(params(2048, 1536), -1), 2);
+  EXPECT_EQ(cuda::lean_pair_default(params(2048, 1664), -1), 0);
+  EXPECT_EQ(cuda::lean_pair_default(params(2047, 512), -1), 0);
+  EXPECT_EQ(cuda::lean_pair_default(params(4096, 7168), -1), 0);
+  for (int mode : {0, 1, 2}) {
+    EXPECT_EQ(cuda::lean_pair_default(params(4096, 512), mode), mode);
+    EXPECT_EQ(cuda::lean_pair_default(params(128, 7168), mode), mode);
+  }
   check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND", {{"", 1}, {"serial", 0}, {"batched", 1}, {"split", 2}},
                     {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_expand_mode(); });
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", true}, {"0", false}, {"1", true}}, {"2", "lean"},
                      [] { return cuda::fp4_expand_lean_wanted(); });
-  check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", 0}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
+  check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
                     [] { return cuda::fp4_expand_wide_mode(); });
 }
 
@@ -1317,17 +1335,23 @@ TEST_F(CudaTest, LeanKernelSameBits) {
         // Each height alone and in 2-CTA clusters sharing B (FINEGEMM_GEMM_LEAN_PAIR=1; an odd count of row blocks
         // leaves the last pair's second tile past M: at 128 rows M = 300 and 516, at 192 and 256 rows M = 516) or A
         // (=a; an odd count of column blocks leaves the last pair's second tile past N: N = 384, 640 and 2176).
+        // Unset ("") the pair mode goes by shape (lean_pair_default: pairs sharing A at M = 2048, K = 1408 here).
         for (const char* tiles : {"1", "192", "256"})
-          for (const char* pair : {"0", "1", "a"}) {
+          for (const char* pair : {"0", "1", "a", ""}) {
+          if (!*pair && m < 2048) continue;
           const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), paired("FINEGEMM_GEMM_LEAN_PAIR", pair);
+          cuda::GemmParams shape_only;
+          shape_only.m = static_cast<int>(m), shape_only.n = static_cast<int>(n), shape_only.k = static_cast<int>(k);
+          const int mode = cuda::lean_pair_default(shape_only, cuda::lean_pair_mode());
+          if (!*pair) EXPECT_EQ(mode, 2) << "unset FINEGEMM_GEMM_LEAN_PAIR at M=" << m << " K=" << k;
           const long long launches = cuda::lean_gemm_launches(), pairs_b = cuda::lean_pair_launches(false),
                           pairs_a = cuda::lean_pair_launches(true);
           const Buffer got = run_on_gpu(c.args, {}, view);
           EXPECT_EQ(cuda::lean_gemm_launches(), launches + 1)
               << "the lean kernel did not run: " << recipe.name << " M=" << m << " N=" << n << " K=" << k;
-          EXPECT_EQ(cuda::lean_pair_launches(false), pairs_b + (pair[0] == '1'))
+          EXPECT_EQ(cuda::lean_pair_launches(false), pairs_b + (mode == 1))
               << "FINEGEMM_GEMM_LEAN_PAIR=" << pair << ": pairs sharing B, M=" << m << " N=" << n << " lean=" << tiles;
-          EXPECT_EQ(cuda::lean_pair_launches(true), pairs_a + (pair[0] == 'a'))
+          EXPECT_EQ(cuda::lean_pair_launches(true), pairs_a + (mode == 2))
               << "FINEGEMM_GEMM_LEAN_PAIR=" << pair << ": pairs sharing A, M=" << m << " N=" << n << " lean=" << tiles;
           EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
                                               << " out=" << dtype_name(out) << " FINEGEMM_GEMM_LEAN=" << tiles

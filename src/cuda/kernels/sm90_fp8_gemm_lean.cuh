@@ -124,7 +124,7 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
 // thread e expanding row e % 128's MX groups 2·(e / 128) and 2·(e / 128) + 1, batched: two warps per scheduler instead
 // of one and half the work per thread, for the latency the serial producers could not hide; the consumers keep 200
 // registers and the producers 56 (2 x 200 + 2 x 56 = 512 = 4 x 128).
-// kPair (dense E4M3 only; FINEGEMM_GEMM_LEAN_PAIR=1, stop 40, written without a GPU, off until measured): 2-CTA
+// kPair (dense E4M3 only; FINEGEMM_GEMM_LEAN_PAIR=1, stop 40; same bits on the H200, no faster, off): 2-CTA
 // clusters over vertically adjacent tiles of one column block, sharing B: each CTA loads its A tile and one 64-row half
 // of the B tile, multicast into both CTAs (the general kernel's kCluster = 2). The pair walks its tiles in lockstep
 // (tile t of the cluster: row blocks 2·(t % pairs) + rank, column block t / pairs, where pairs = ceil(row blocks / 2);
@@ -132,13 +132,15 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
 // (their lane 0 arrives remotely once the warp is done with the stage), and every thread of both CTAs passes a cluster
 // barrier after the barriers' initialisation and before it leaves. Per 256x128 tile and K block: 32 KB of A and 8 KB
 // of B from L2 instead of 16 KB (M = 4096 N = 4096 K = 7168: 1382 TFLOP/s, ~48 KB per 8.4 MFLOP, near the L2's rate).
-// kShareA (with kPair; FINEGEMM_GEMM_LEAN_PAIR=a, stop 42, written without a GPU, off until measured): the pair shares
+// kShareA (with kPair; FINEGEMM_GEMM_LEAN_PAIR=a, stop 42; the default at K <= 1536 and M >= 2048 since stop 44,
+// lean_pair_default): the pair shares
 // A instead: horizontally adjacent tiles of one row block (tile t of the cluster: row block t % row blocks, column
 // block 2·(t / row blocks) + rank; a rank-1 tile past N loads zeros, reads the last column block's B scales and stores
 // nothing), each CTA loading its own B tile and one BLOCK_M / 2-row half of the A tile into both CTAs. Per 256x128
 // tile and K block: 16 KB of A and 16 KB of B from L2 instead of 32 + 16 (the general kernel's c2a: 1216 vs 1128
 // TFLOP/s unpromoted at M = 4096 N = 7168 K = 16384, stop 25). Meant for short K, where the tiles' feed is the
-// largest share (M = 4096 N = 32768 K = 512: 0.96x cuBLASLt, stop 39).
+// largest share (M = 4096 N = 32768 K = 512: 0.96x cuBLASLt, stop 39; stop 44 on an H100, graph replay: 166.0 ->
+// 159.8 µs, cuBLASLt 172.3; N = 24576 K = 1536 259.6 -> 256.3).
 // kGated (dense E4M3, not paired; stop 40, written without a GPU): the launch runs only where *p.gate matches (the
 // E4M3 GEMM on FP4 weights expanded with one scale per 128x128 tile, which the fold scan gates; see Fp4Expansion):
 // elsewhere the whole CTA leaves at once, as the kFp4B kernels do. FINEGEMM_FP4_EXPAND_LEAN=1 sends the expanded FP4

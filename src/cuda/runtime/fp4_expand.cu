@@ -31,7 +31,8 @@ size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 int fp4_expand_wide_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_EXPAND_WIDE");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return 0;
+  if (v.empty()) return -1;
+  if (v == "0") return 0;
   if (v == "1") return 1;
   if (v == "2") return 2;
   throw Error("FINEGEMM_FP4_EXPAND_WIDE: expected 0, 1 (the FP4 expansion with 128 groups per warp) or 2 (that and the "
@@ -80,7 +81,7 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
                           offsets, counts};
   // A warp per row and 32 groups of K, or per row and kFp4ExpandGroupsPerWarp groups (FINEGEMM_FP4_EXPAND_WIDE=1 or
   // 2; with 2 the fold scan below runs wide too).
-  const bool wide = !scan_only && wide_mode >= 1;
+  const bool wide = !scan_only && wide_mode >= 1;  // the expansion: only where set (-1, 0: the default kernel)
   const int groups_per_warp = wide ? kFp4ExpandGroupsPerWarp : 32;
   const int64_t warps = rows * ((p.k / 32 + groups_per_warp - 1) / groups_per_warp);
   const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
@@ -98,18 +99,20 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   };
   if (fold_) {
     FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
-    if (scan_only && wide_mode != 2) {
+    // The wide scan: with mode 2, and by default (-1) on scan-only calls.
+    const bool wide_scan = wide_mode == 2 || (scan_only && wide_mode == -1);
+    if (scan_only && !wide_scan) {
       // One CTA per tile walking its K blocks (fp4_fold_scan_tiles_kernel): the per-(tile, K block) grid below takes
       // 458752 CTAs for DeepSeek-V3's gate_up experts. The expansion's own scan is left as measured.
       // NOTE: each of its threads walks the tile's K blocks with four byte loads at a time (a load latency per block);
-      // FINEGEMM_FP4_EXPAND_WIDE=2 sends scan-only calls to the wide scan as well (57344 CTAs for DeepSeek-V3's
-      // gate_up experts, up to 32 loads in flight per thread; stop 43, not yet run).
+      // only FINEGEMM_FP4_EXPAND_WIDE=0 and 1 keep scan-only calls here. The wide scan below (57344 CTAs for
+      // DeepSeek-V3's gate_up experts, up to 32 loads in flight per thread) takes them by default since stop 44.
       fp4_fold_scan_tiles_kernel<<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,
                                                                                             tile_scale_, flags_);
       FG_CUDA_CHECK(cudaGetLastError());
       return;
     }
-    if (wide_mode == 2) {
+    if (wide_scan) {
       const auto scan_y = static_cast<unsigned>((blocks_ + kFp4ScanWideBlocks - 1) / kFp4ScanWideBlocks);
       fp4_fold_scan_wide_kernel<<<dim3(groups * tiles_, scan_y), 128, 0, stream>>>(view, p.k, tile_emax, tile_scale_,
                                                                                  flags_);

@@ -54,8 +54,13 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 inline constexpr int kLeanMinM = 128;
 int lean_gemm_block_m(const GemmParams& p, int num_sms);
 // FINEGEMM_GEMM_LEAN_PAIR: whether the dense lean kernel runs in 2-CTA clusters: 1 sharing B ("1"), 2 sharing A ("a"),
-// 0 not (unset or "0"). Anything else throws, naming the variable and the value.
+// 0 not ("0"), -1 by shape (unset: lean_pair_default). Anything else throws, naming the variable and the value.
 int lean_pair_mode();
+// The pair mode a dense lean launch of p takes under lean_pair_mode() == mode: mode itself where set, else 2 (pairs
+// sharing A) for short K at large M (K <= kLeanPairAMaxK, M >= kLeanPairAMinM) and 0 elsewhere.
+inline constexpr int64_t kLeanPairAMaxK = 1536;
+inline constexpr int64_t kLeanPairAMinM = 2048;
+int lean_pair_default(const GemmParams& p, int mode);
 // FINEGEMM_FP4_EXPAND_LEAN: whether the gated lean kernel serves the expanded FP4 prefill's E4M3 GEMM ("1"; unset or
 // "0": the general kernel). Anything else throws, naming the variable and the value.
 bool fp4_expand_lean_wanted();

@@ -186,7 +186,8 @@ bool strict_env_bool(const char* name, const char* what, bool fallback) {
 int lean_pair_mode() {
   const char* env = std::getenv("FINEGEMM_GEMM_LEAN_PAIR");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return 0;
+  if (v.empty()) return -1;
+  if (v == "0") return 0;
   if (v == "1") return 1;
   if (v == "a") return 2;
   throw Error("FINEGEMM_GEMM_LEAN_PAIR: expected 0, 1 (2-CTA clusters sharing B in the lean kernel) or a (sharing A), got '" +
@@ -202,6 +203,15 @@ bool fp4_expand_lean_wanted() {
 }
 
 long long grouped_lean_launches() { return grouped_lean_launch_count.load(std::memory_order_relaxed); }
+
+// Unset FINEGEMM_GEMM_LEAN_PAIR (mode -1): pairs sharing A where K <= kLeanPairAMaxK and M >= kLeanPairAMinM, else
+// none. Stop 44 (H100 80GB HBM3, graph replay, bench/linear.py M = 4096, the same run as cuBLASLt): N = 32768 K = 512
+// 166.0 -> 159.8 µs (cuBLASLt 172.3), N = 24576 K = 1536 259.6 -> 256.3 (267.8); at K = 7168 they tie (N = 4096:
+// 1362-1382 against 1379-1383 TFLOP/s, stop 43, H200), so longer K keeps single CTAs. Below M = 2048 not measured.
+int lean_pair_default(const GemmParams& p, int mode) {
+  if (mode >= 0) return mode;
+  return p.k <= kLeanPairAMaxK && p.m >= kLeanPairAMinM ? 2 : 0;
+}
 
 bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
   if (block_m != 128 && block_m != 192 && block_m != 256) return false;
@@ -243,7 +253,7 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
     else launch(F{}, F{}, T{}, F{});
     return;
   }
-  const int pair = lean_pair_mode();
+  const int pair = lean_pair_default(p, lean_pair_mode());
   if (p.a_scale != nullptr) {
     if (pair == 1) launch(T{}, T{}, F{}, F{});
     else if (pair == 2) launch(T{}, T{}, F{}, T{});
