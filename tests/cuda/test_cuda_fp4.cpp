@@ -616,12 +616,18 @@ TEST_P(Fp4Linear, ExactFoldSpreads) {
   // static or group-128 activations (M-major scales from linear() above M = 64), M = 200 and 300 (two and three row
   // blocks, N = 208 two column blocks).
   const std::vector<ActKind> lean_acts = {ActKind::Static, ActKind::Group128Pow2};
+  // Also with the B scales from the scale warp (FINEGEMM_GEMM_LEAN_SFB_WARP=1, stop 44).
   auto check_gated_lean = [&](const std::string& what, const Fp4Matrix& w) {
-    const ScopedEnv lean("FINEGEMM_GEMM_LEAN", "1"), gated("FINEGEMM_FP4_EXPAND_LEAN", "1");
-    const long long before = cuda::lean_gemm_launches();
-    check_exact(target(), gpu(), what + ", gated lean kernel", w, {200, 300}, {ScaleKind::UE8M0}, lean_acts,
-                {DType::BF16});
-    EXPECT_GT(cuda::lean_gemm_launches(), before) << what << ": the gated lean kernel was never launched";
+    for (const char* sfb : {"0", "1"}) {
+      const ScopedEnv lean("FINEGEMM_GEMM_LEAN", "1"), gated("FINEGEMM_FP4_EXPAND_LEAN", "1"),
+          sfb_warp("FINEGEMM_GEMM_LEAN_SFB_WARP", sfb);
+      const long long before = cuda::lean_gemm_launches(), sfb_before = cuda::lean_sfb_warp_launches();
+      check_exact(target(), gpu(), what + ", gated lean kernel, FINEGEMM_GEMM_LEAN_SFB_WARP=" + sfb, w, {200, 300},
+                  {ScaleKind::UE8M0}, lean_acts, {DType::BF16});
+      EXPECT_GT(cuda::lean_gemm_launches(), before) << what << ": the gated lean kernel was never launched";
+      EXPECT_EQ(cuda::lean_sfb_warp_launches() > sfb_before, sfb[0] == '1')
+          << what << ": FINEGEMM_GEMM_LEAN_SFB_WARP=" << sfb << " and the scale warp's launches";
+    }
   };
   check_gated_lean("fold spreads 0/1/7/8 shared per tile, expanded weights (tile scales)", tiles);
   for (int64_t g = 12; g < 16; ++g) tiles.exp(150, g) -= 1;  // row 150, block 3: spread 8, one binade below its tile

@@ -738,6 +738,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
                     {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_expand_mode(); });
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", true}, {"0", false}, {"1", true}}, {"2", "lean"},
                      [] { return cuda::fp4_expand_lean_wanted(); });
+  check_switch<bool>("FINEGEMM_GEMM_LEAN_SFB_WARP", {{"", false}, {"0", false}, {"1", true}}, {"2", "on"},
+                     [] { return cuda::lean_sfb_warp_wanted(); });
   check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
                     [] { return cuda::fp4_expand_wide_mode(); });
 }
@@ -1336,10 +1338,14 @@ TEST_F(CudaTest, LeanKernelSameBits) {
         // leaves the last pair's second tile past M: at 128 rows M = 300 and 516, at 192 and 256 rows M = 516) or A
         // (=a; an odd count of column blocks leaves the last pair's second tile past N: N = 384, 640 and 2176).
         // Unset ("") the pair mode goes by shape (lean_pair_default: pairs sharing A at M = 2048, K = 1408 here).
+        // Each with the B scales loaded by the consumers and by the scale warp (FINEGEMM_GEMM_LEAN_SFB_WARP=1).
+        for (const char* sfb : {"0", "1"})
         for (const char* tiles : {"1", "192", "256"})
           for (const char* pair : {"0", "1", "a", ""}) {
           if (!*pair && m < 2048) continue;
-          const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), paired("FINEGEMM_GEMM_LEAN_PAIR", pair);
+          const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), paired("FINEGEMM_GEMM_LEAN_PAIR", pair),
+              sfb_warp("FINEGEMM_GEMM_LEAN_SFB_WARP", sfb);
+          const long long sfb_launches = cuda::lean_sfb_warp_launches();
           cuda::GemmParams shape_only;
           shape_only.m = static_cast<int>(m), shape_only.n = static_cast<int>(n), shape_only.k = static_cast<int>(k);
           const int mode = cuda::lean_pair_default(shape_only, cuda::lean_pair_mode());
@@ -1351,11 +1357,13 @@ TEST_F(CudaTest, LeanKernelSameBits) {
               << "the lean kernel did not run: " << recipe.name << " M=" << m << " N=" << n << " K=" << k;
           EXPECT_EQ(cuda::lean_pair_launches(false), pairs_b + (mode == 1))
               << "FINEGEMM_GEMM_LEAN_PAIR=" << pair << ": pairs sharing B, M=" << m << " N=" << n << " lean=" << tiles;
+          EXPECT_EQ(cuda::lean_sfb_warp_launches(), sfb_launches + (sfb[0] == '1'))
+              << "FINEGEMM_GEMM_LEAN_SFB_WARP=" << sfb << ": the scale warp's launches, M=" << m << " lean=" << tiles;
           EXPECT_EQ(cuda::lean_pair_launches(true), pairs_a + (mode == 2))
               << "FINEGEMM_GEMM_LEAN_PAIR=" << pair << ": pairs sharing A, M=" << m << " N=" << n << " lean=" << tiles;
           EXPECT_EQ(got.bytes, general.bytes) << recipe.name << " M=" << m << " N=" << n << " K=" << k
                                               << " out=" << dtype_name(out) << " FINEGEMM_GEMM_LEAN=" << tiles
-                                              << " FINEGEMM_GEMM_LEAN_PAIR=" << pair
+                                              << " FINEGEMM_GEMM_LEAN_PAIR=" << pair << " FINEGEMM_GEMM_LEAN_SFB_WARP=" << sfb
                                               << (from_bf16 ? " (BF16 input)" : "");
           const auto cmp = testing::compare(got, ref);
           EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " M=" << m << " N=" << n << " K=" << k << " lean=" << tiles
@@ -1386,6 +1394,59 @@ TEST_F(CudaTest, LeanKernelSameBits) {
   const ScopedEnv bad("FINEGEMM_GEMM_LEAN", "128");  // the height is 1 for 128-row tiles
   LinearCase c = make_case(kinds[0], 300, 256, 512, DType::BF16, DType::BF16, false);
   EXPECT_THROW(run_on_gpu(c.args), Error);
+}
+
+// The scale warp's two B-scale buffers over many tiles per CTA (FINEGEMM_GEMM_LEAN_SFB_WARP=1, stop 44): M = 1024
+// N = 8192 K = 384 is 512 tiles of 128 rows (about four per CTA, so that each buffer is refilled after the consumers'
+// empty arrival), 320 of 192 and 256 of 256, alone and in pairs sharing B or A; BF16 input quantized by the library
+// (the M-major scale buffer) and a static recipe. The same bits as the consumers' own loads (=0) and as the general
+// kernel, and within tolerance of the CPU reference; the scale warp's launches counted. FINEGEMM_TEST_QUICK=1 (the
+// sanitizers): 128 and 256 rows unpaired, the first recipe.
+TEST_F(CudaTest, LeanScaleWarpManyTiles) {
+  const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
+  std::vector<NamedRecipe> kinds;
+  for (const auto& r : all_recipes())
+    if (r.weight.element != ElementType::FP4_E2M1 && r.weight.granularity == WeightGranularity::Block &&
+        r.weight.block_n == 128 && r.weight.block_k == 128 &&
+        ((r.activation.granularity == ActGranularity::PerTokenGroup && r.activation.group_size == 128 && kinds.empty()) ||
+         (r.activation.is_static() && !quick)))
+      kinds.push_back(r);
+  ASSERT_FALSE(kinds.empty()) << "all_recipes() lost the block-128 recipe with 1x128 activations";
+  const int64_t m = 1024, n = 8192, k = 384;
+  for (size_t r = 0; r < kinds.size() && r < 2; ++r) {
+    const auto& recipe = kinds[r];
+    LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, false);
+    Buffer general;
+    {
+      const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "128x128:1"), no_lean("FINEGEMM_GEMM_LEAN", "0");
+      general = run_on_gpu(c.args);
+    }
+    const Buffer ref = run_reference(c.args, DType::BF16, m, n);
+    const auto gcmp = testing::compare(general, ref);
+    EXPECT_LE(gcmp.rel, tolerance(DType::BF16)) << recipe.name << ": the general kernel";
+    for (const char* tiles : {"1", "192", "256"}) {
+      if (quick && tiles[0] == '1' && tiles[1] == '9') continue;
+      for (const char* pair : {"0", "1", "a"}) {
+        if (quick && pair[0] != '0') continue;
+        Buffer outs[2];
+        for (int sfb = 0; sfb < 2; ++sfb) {
+          const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), paired("FINEGEMM_GEMM_LEAN_PAIR", pair),
+              sfb_warp("FINEGEMM_GEMM_LEAN_SFB_WARP", sfb ? "1" : "0");
+          const long long launches = cuda::lean_gemm_launches(), sfb_launches = cuda::lean_sfb_warp_launches();
+          outs[sfb] = run_on_gpu(c.args);
+          EXPECT_EQ(cuda::lean_gemm_launches(), launches + 1) << "the lean kernel did not run, lean=" << tiles;
+          EXPECT_EQ(cuda::lean_sfb_warp_launches(), sfb_launches + sfb) << "FINEGEMM_GEMM_LEAN_SFB_WARP=" << sfb;
+        }
+        EXPECT_EQ(outs[1].bytes, outs[0].bytes) << recipe.name << " lean=" << tiles << " pair=" << pair
+                                                << ": the scale warp's bits differ from the consumers' loads";
+        EXPECT_EQ(outs[1].bytes, general.bytes) << recipe.name << " lean=" << tiles << " pair=" << pair
+                                                << ": not the general kernel's bits";
+        const auto cmp = testing::compare(outs[1], ref);
+        EXPECT_EQ(cmp.non_finite, 0) << recipe.name << " lean=" << tiles << " pair=" << pair;
+        EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << recipe.name << " lean=" << tiles << " pair=" << pair;
+      }
+    }
+  }
 }
 
 // RunOptions::weights_static with E4M3 activations: the decode kernel requests its first weight tiles before it waits

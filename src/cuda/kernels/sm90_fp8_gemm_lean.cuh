@@ -63,9 +63,10 @@ struct LeanGemm {
   static constexpr int kStaging = BLOCK_M * kLeanBlockN * 2;   // the tile's 16-bit outputs, 64 x 128 per box pair
   // Dynamic shared memory for K / 128 = num_kb K blocks (1024-byte aligned base): A stages, B stages, the staging
   // tiles, A scales per stage, the tile's B scales for every K block, then the barriers.
-  static int smem_bytes(int num_kb) {
+  // kSfbWarp: the B scales' second buffer and its two barrier pairs after the stages' barriers.
+  static int smem_bytes(int num_kb, bool sfb_warp = false) {
     return 1024 + kStages * (kStageA + kStageB) + kStaging + kStages * BLOCK_M * 4 + (num_kb * 4 + 15) / 16 * 16 +
-           2 * kStages * 8;
+           2 * kStages * 8 + (sfb_warp ? 4 * 8 + (num_kb * 4 + 15) / 16 * 16 : 0);
   }
   // The grouped kernel: no staging tiles (its epilogue stores from registers), the scheduler's per-expert prefix after
   // the barriers.
@@ -141,12 +142,19 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
 // TFLOP/s unpromoted at M = 4096 N = 7168 K = 16384, stop 25). Meant for short K, where the tiles' feed is the
 // largest share (M = 4096 N = 32768 K = 512: 0.96x cuBLASLt, stop 39; stop 44 on an H100, graph replay: 166.0 ->
 // 159.8 µs, cuBLASLt 172.3; N = 24576 K = 1536 259.6 -> 256.3).
+// kSfbWarp (dense E4M3, any pair mode or gate; FINEGEMM_GEMM_LEAN_SFB_WARP=1, stop 44, written without a GPU, off
+// until measured): the tile's B scales come from the producer warpgroup's second warp, into two buffers, one tile
+// ahead, handed over by barriers (full: the warp's 32 lanes after their stores; empty: every consumer thread after
+// its tile's K loop). Without it the consumers load them at the start of every tile between two named barriers, a
+// global load's latency (and the slowest warpgroup's epilogue) with the tensor cores idle, once per tile: at
+// M = 4096 N = 4096 K = 7168 (four tiles per CTA) a per-tile cost of ~3.5 K blocks would explain the gap between
+// its 1383 TFLOP/s and K = 16384's 1430 (stop 44's reading of stop 39's numbers).
 // kGated (dense E4M3, not paired; stop 40, written without a GPU): the launch runs only where *p.gate matches (the
 // E4M3 GEMM on FP4 weights expanded with one scale per 128x128 tile, which the fold scan gates; see Fp4Expansion):
 // elsewhere the whole CTA leaves at once, as the kFp4B kernels do. FINEGEMM_FP4_EXPAND_LEAN=1 sends the expanded FP4
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
-          bool kPair = false, bool kGated = false, bool kShareA = false>
+          bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -173,6 +181,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(!kPair || (!kGrouped && !kFp4B), "kPair: the dense E4M3 lean kernel only");
   static_assert(!kGated || (!kGrouped && !kFp4B && !kPair), "kGated: the dense E4M3 lean kernel, not paired");
   static_assert(!kShareA || kPair, "kShareA: a mode of the pairs");
+  static_assert(!kSfbWarp || (!kGrouped && !kFp4B), "kSfbWarp: the dense E4M3 lean kernel");
   if constexpr (kFp4B || kGated) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
     if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
@@ -191,6 +200,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   const int num_kb = p.k / kGemmBlockK;
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_sfb) + (num_kb * 4 + 15) / 16 * 16);
   uint64_t* empty = full + S;
+  // kSfbWarp: the B scales' barriers (full, empty; per buffer) and second buffer (L::smem_bytes(num_kb, true)).
+  uint64_t* sfb_full = empty + S;
+  uint64_t* sfb_empty = sfb_full + 2;
+  float* smem_sfb1 = reinterpret_cast<float*>(sfb_empty + 2);
   const int lane = threadIdx.x % 32;
   const int laps = (num_kb + S - 1) / S;
   int num_tiles = num_tiles_dense;
@@ -228,6 +241,12 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       ptx::mbar_init(&full[s], kFp4B ? 128 * kProducerWGs : 1);
       // Every consumer thread, after its last read of the stage; kPair: and the peer's consumer warps (lane 0 each).
       ptx::mbar_init(&empty[s], L::kConsumerThreads + (kPair ? L::kConsumerThreads / 32 : 0));
+    }
+    if constexpr (kSfbWarp) {
+      for (int b = 0; b < 2; ++b) {
+        ptx::mbar_init(&sfb_full[b], 32);                     // the scale warp's lanes, after their stores
+        ptx::mbar_init(&sfb_empty[b], L::kConsumerThreads);  // every consumer thread, after its tile's K loop
+      }
     }
     if constexpr (kFp4B) {
       for (int r = 0; r < L::kRawStages; ++r) {
@@ -424,6 +443,19 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           }
         }
       }
+    } else if (kSfbWarp && threadIdx.x / 32 == L::kConsumerThreads / 32 + 1) {
+      // ---------------- kSfbWarp: the producer warpgroup's second warp loads each tile's B scales for every K block
+      // into buffer (tile count) % 2, once the consumers have left that buffer's tile before last.
+      uint32_t it = 0;
+      for (int t = first_tile(); t < num_tiles; t += tile_stride(), ++it) {
+        const Tile tile = tile_of(t);
+        const uint32_t buf = it & 1u;
+        if (it >= 2) ptx::mbar_wait(&sfb_empty[buf], ((it >> 1) - 1u) & 1u);
+        float* dst = buf ? smem_sfb1 : smem_sfb;
+        const int block_row = (kShareA ? min(tile.n0, p.n - 1) : tile.n0) / p.b_block_n;
+        for (int i = lane; i < num_kb; i += 32) dst[i] = load_b_scale(p, tile.group, block_row, i);
+        ptx::mbar_arrive(&sfb_full[buf]);
+      }
     }
     if constexpr (kPair) {
       __syncwarp();  // the TMA thread's warp reconverges first, as the consumers' warps do
@@ -461,15 +493,22 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       if (lane == 0) ptx::mbar_arrive_cluster(&empty[s], cta_rank() ^ 1u);
     }
   };
+  uint32_t sfb_it = 0;  // kSfbWarp: this CTA's tiles so far (the B scales' buffer and phase)
   for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
     const Tile tile = tile_of(t);
     const int m0 = tile.m0, n0 = tile.n0;
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
-    // last reads of them are done.
-    ptx::named_bar_sync<1, L::kConsumerThreads>();
-    for (int i = threadIdx.x; i < num_kb; i += L::kConsumerThreads)
-      smem_sfb[i] = load_b_scale(p, tile.group, (kShareA ? min(n0, p.n - 1) : n0) / p.b_block_n, i);
-    ptx::named_bar_sync<1, L::kConsumerThreads>();
+    // last reads of them are done. kSfbWarp: from the scale warp's buffer for this tile.
+    const float* sfb = smem_sfb;
+    if constexpr (kSfbWarp) {
+      if (sfb_it & 1u) sfb = smem_sfb1;
+      ptx::mbar_wait(&sfb_full[sfb_it & 1u], (sfb_it >> 1) & 1u);
+    } else {
+      ptx::named_bar_sync<1, L::kConsumerThreads>();
+      for (int i = threadIdx.x; i < num_kb; i += L::kConsumerThreads)
+        smem_sfb[i] = load_b_scale(p, tile.group, (kShareA ? min(n0, p.n - 1) : n0) / p.b_block_n, i);
+      ptx::named_bar_sync<1, L::kConsumerThreads>();
+    }
     if constexpr (kGrouped) {
       // A warpgroup whose rows all lie past the expert's end (its first pass's first row, so every pass's) only waits
       // for and releases the tile's stages: no wgmma, promotion or stores, so that the tensor cores run the other
@@ -510,7 +549,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     // K block kb in stage s: wait; per half, the four k32 steps from zero and the promotion into that half's total;
     // the release after the last half's wgmma.
     auto k_block = [&](int s, int kb, uint32_t parity) {
-      const float sb = smem_sfb[kb];
+      const float sb = sfb[kb];
       float a_cur[2 * L::kHalves];
       if constexpr (kAScale && kGrouped) {
 #pragma unroll
@@ -566,6 +605,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           release(s);
         }
       }
+    }
+    if constexpr (kSfbWarp) {
+      ptx::mbar_arrive(&sfb_empty[sfb_it & 1u]);  // the K loop's reads of this tile's B scales are done
+      ++sfb_it;
     }
     if constexpr (kGrouped) {
       // From registers: (v · rs + bias) · w, each step rounded, then to the output type; rows past the expert's end
@@ -692,12 +735,13 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 // t / num_m_blocks.
 // kPair: 2-CTA clusters sharing B, or with kShareA sharing A (lean_gemm_body); num_tiles then counts the pairs' tiles.
 // kGated: the launch runs only where *p.gate matches.
-template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false, bool kGated = false, bool kShareA = false>
+template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false, bool kGated = false, bool kShareA = false,
+          bool kSfbWarp = false>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
                               int num_tiles) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, 0, kPair, kGated, kShareA>(tma_a, tma_b, tma_out, p,
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, 0, kPair, kGated, kShareA, kSfbWarp>(tma_a, tma_b, tma_out, p,
                                                                                          num_m_blocks, num_tiles, {},
                                                                                          LeanFp4B{});
 }

@@ -61,6 +61,11 @@ int lean_pair_mode();
 inline constexpr int64_t kLeanPairAMaxK = 1536;
 inline constexpr int64_t kLeanPairAMinM = 2048;
 int lean_pair_default(const GemmParams& p, int mode);
+// FINEGEMM_GEMM_LEAN_SFB_WARP: whether the dense lean kernel's B scales come from the producer warpgroup's second warp,
+// a tile ahead ("1"; unset or "0": the consumers load them at each tile's start). Anything else throws, naming the
+// variable and the value. The counter gives that kernel's launches (tests).
+bool lean_sfb_warp_wanted();
+long long lean_sfb_warp_launches();
 // FINEGEMM_FP4_EXPAND_LEAN: whether the gated lean kernel serves the expanded FP4 prefill's E4M3 GEMM ("1"; unset or
 // "0": the general kernel). Anything else throws, naming the variable and the value.
 bool fp4_expand_lean_wanted();

@@ -18,24 +18,28 @@ std::atomic<long long> lean_launch_count{0};
 std::atomic<long long> lean_pair_launch_count[2] = {};
 
 
+// Launches of the kernel whose B scales come from the scale warp (kSfbWarp, FINEGEMM_GEMM_LEAN_SFB_WARP=1).
+std::atomic<long long> lean_sfb_warp_launch_count{0};
+
 template <int BLOCK_M, int kStages>
-int lean_smem(int num_kb) {
-  return LeanGemm<BLOCK_M, kStages>::smem_bytes(num_kb);
+int lean_smem(int num_kb, bool sfb_warp) {
+  return LeanGemm<BLOCK_M, kStages>::smem_bytes(num_kb, sfb_warp);
 }
 
-int lean_smem_bytes(int block_m, int stages, int num_kb) {
-  if (block_m == 128) return stages == 5 ? lean_smem<128, 5>(num_kb) : lean_smem<128, 4>(num_kb);
-  if (block_m == 192) return lean_smem<192, 4>(num_kb);
-  return lean_smem<256, 3>(num_kb);
+int lean_smem_bytes(int block_m, int stages, int num_kb, bool sfb_warp) {
+  if (block_m == 128) return stages == 5 ? lean_smem<128, 5>(num_kb, sfb_warp) : lean_smem<128, 4>(num_kb, sfb_warp);
+  if (block_m == 192) return lean_smem<192, 4>(num_kb, sfb_warp);
+  return lean_smem<256, 3>(num_kb, sfb_warp);
 }
 
 
 
-template <int BLOCK_M, int kStages, bool kAScale, bool kPair, bool kGated = false, bool kShareA = false>
+template <int BLOCK_M, int kStages, bool kAScale, bool kPair, bool kGated = false, bool kShareA = false,
+          bool kSfbWarp = false>
 void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
                  cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kPair, kGated, kShareA>;
+  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kPair, kGated, kShareA, kSfbWarp>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   // kPair: each CTA of a pair loads one 64-row half of the B tile; kShareA: one BLOCK_M / 2-row half of the A tile.
@@ -47,7 +51,7 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
   const int64_t tiles = kShareA ? int64_t{num_m_blocks} * ceil_div(ceil_div(p.n, kLeanBlockN), 2)
                                 : int64_t{kPair ? (num_m_blocks + 1) / 2 : num_m_blocks} * ceil_div(p.n, kLeanBlockN);
   if (tiles > INT32_MAX) throw Error("lean gemm: " + std::to_string(tiles) + " tiles, more than one grid takes");
-  const int smem = L::smem_bytes(p.k / kGemmBlockK);
+  const int smem = L::smem_bytes(p.k / kGemmBlockK, kSfbWarp);
   if constexpr (kPair) {
     // As many clusters as fit at once (an SM pair must sit in one GPC; gemm_launch.cuh's launch_kernel), never more
     // than the tiles: the kernel is persistent.
@@ -71,7 +75,7 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
       max_clusters[slot].store(clusters);
     }
     if (clusters < 0) {
-      launch_lean<BLOCK_M, kStages, kAScale, false, kGated, false>(a, lda, b, ldb, p, device, stream);
+      launch_lean<BLOCK_M, kStages, kAScale, false, kGated, false, kSfbWarp>(a, lda, b, ldb, p, device, stream);
       return;
     }
     const int grid_clusters = static_cast<int>(std::min<int64_t>(tiles, clusters));
@@ -84,6 +88,7 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
   }
   FG_CUDA_CHECK(cudaGetLastError());
   lean_launch_count.fetch_add(1, std::memory_order_relaxed);
+  if constexpr (kSfbWarp) lean_sfb_warp_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::atomic<long long> grouped_lean_launch_count{0};
@@ -204,6 +209,12 @@ bool fp4_expand_lean_wanted() {
 
 long long grouped_lean_launches() { return grouped_lean_launch_count.load(std::memory_order_relaxed); }
 
+bool lean_sfb_warp_wanted() {
+  return strict_env_bool("FINEGEMM_GEMM_LEAN_SFB_WARP", "the lean kernel's B scales from a scale warp", false);
+}
+
+long long lean_sfb_warp_launches() { return lean_sfb_warp_launch_count.load(std::memory_order_relaxed); }
+
 // Unset FINEGEMM_GEMM_LEAN_PAIR (mode -1): pairs sharing A where K <= kLeanPairAMaxK and M >= kLeanPairAMinM, else
 // none. Stop 44 (H100 80GB HBM3, graph replay, bench/linear.py M = 4096, the same run as cuBLASLt): N = 32768 K = 512
 // 166.0 -> 159.8 µs (cuBLASLt 172.3), N = 24576 K = 1536 259.6 -> 256.3 (267.8); at K = 7168 they tie (N = 4096:
@@ -231,20 +242,26 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
     return false;
   int max_smem = 0;
   FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb) <= max_smem;
+  return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb, lean_sfb_warp_wanted()) <= max_smem;
 }
 
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream) {
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
   // A gated call (lean_gemm_ok admits one with FINEGEMM_FP4_EXPAND_LEAN=1) takes the gated kernel, never paired.
+  const bool sfb_warp = lean_sfb_warp_wanted();
   auto launch = [&](auto a_scale, auto pair, auto gated, auto share_a) {
     constexpr bool kA = decltype(a_scale)::value, kP = decltype(pair)::value, kG = decltype(gated)::value,
                    kS = decltype(share_a)::value;
-    if (block_m == 256) launch_lean<256, 3, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
-    else if (block_m == 192) launch_lean<192, 4, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
-    else if (stages == 5) launch_lean<128, 5, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
-    else launch_lean<128, 4, kA, kP, kG, kS>(a, lda, b, ldb, p, device, stream);
+    auto heights = [&](auto sfb) {
+      constexpr bool kW = decltype(sfb)::value;
+      if (block_m == 256) launch_lean<256, 3, kA, kP, kG, kS, kW>(a, lda, b, ldb, p, device, stream);
+      else if (block_m == 192) launch_lean<192, 4, kA, kP, kG, kS, kW>(a, lda, b, ldb, p, device, stream);
+      else if (stages == 5) launch_lean<128, 5, kA, kP, kG, kS, kW>(a, lda, b, ldb, p, device, stream);
+      else launch_lean<128, 4, kA, kP, kG, kS, kW>(a, lda, b, ldb, p, device, stream);
+    };
+    if (sfb_warp) heights(std::true_type{});
+    else heights(std::false_type{});
   };
   using F = std::false_type;
   using T = std::true_type;
