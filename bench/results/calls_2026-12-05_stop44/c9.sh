@@ -26,15 +26,15 @@ for l in open(sys.argv[1]):
     if l.startswith("{"):
         r = json.loads(l); print("  %-18s M=%-5d N=%-6d K=%-6d %-30s graph=%8.2f us ev=%8.2f %6.0f TF/s rel=%.2e" % (r["variant"], r["m"], r["n"], r["k"], (r["env"] or "default"), r["us_graph"] or 0, r["us"], r.get("tflops", 0) or 0, r["rel_err"]))
 ' $1; }
-if left 150; then
+if left 80; then
   timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384,32768:512,2112:7168 --variants block-fp32-dynamic --envs ";FINEGEMM_GEMM_LEAN_SFB_WARP=1" >$W/sfb.jsonl 2>$W/sfb.err
   echo "-- FP8 M = 4096, default and the scale warp $(el)"; show $W/sfb.jsonl; tail -n 1 $W/sfb.err
 fi
-if left 200; then
+if left 110; then
   timeout 30 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128,block-fp32-dynamic --envs ";FINEGEMM_GEMM_LEAN_SFB_WARP=1" >$W/sfb_fp4.jsonl 2>$W/sfb_fp4.err
   echo "-- dense FP4 and FP8 4096:4096:7168, default and the scale warp $(el)"; show $W/sfb_fp4.jsonl
 fi
-if left 240; then
+if left 125; then
   for tool in memcheck racecheck; do
     FINEGEMM_TEST_QUICK=1 timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_cuda_linear --gtest_filter='CudaTest.LeanScaleWarpManyTiles' >$W/san_$tool.log 2>&1
     echo "compute-sanitizer $tool (scale warp): rc=$? $(grep -E SUMMARY $W/san_$tool.log | tail -1) $(el)"
