@@ -4,13 +4,18 @@
 // its tile's K chunks through a ring and a consumer thread releases each stage as it lands (dram_pattern_kernels.cu).
 //
 // Weight sets, each larger than the 50 MB L2: dense N = 7168 K = 16384 (117 MB), the DeepSeek-V3 decode gate_up of
-// 8 experts (32768 rows of 7168 bytes, 235 MB) and its down (57344 rows of 2048 bytes, 117 MB). Per set, the decode
+// 8 experts (32768 rows of 7168 bytes, 235 MB) and its down (57344 rows of 2048 bytes, 117 MB), and FP4 weights of
+// two dense N = 7168 K = 16384 layers (14336 rows of 8192 bytes, 117 MB: one layer's 58.7 MB would fit the H200's
+// 60 MB L2). Per set, the decode
 // kernel's pattern (64-row tiles, 128-byte boxes, 6 stages, the split that fills 4 CTAs per SM) and one change at a
 // time: L2 promotion, bytes per row and request, stage size, stage count, tile height, CTAs per SM, split, and the
 // weights repacked so that each stage is one contiguous block (read by cp.async.bulk); then the sequential read of the
 // same bytes.
 // Output: one JSON line per row (us per pass: median of 7 samples of 10 passes between two events; TB/s of the set).
-//   bench_cuda_dram_pattern [--set dense,gate_up,down] [--quick]
+// Every set also runs with 64-byte boxes, the FP4 decode kernel's rows (128 of K per stage; stop 44's ncu of that
+// kernel had its consumers waiting on data with DRAM at half its rate): 6 stages, and 12 (an E4M3 stage's bytes in
+// flight).
+//   bench_cuda_dram_pattern [--set dense,gate_up,down,fp4_dense] [--quick]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,7 +65,7 @@ double median_us(F&& launch) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> sets = {"dense", "gate_up", "down"};
+  std::vector<std::string> sets = {"dense", "gate_up", "down", "fp4_dense"};
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -75,7 +80,7 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_cuda_dram_pattern [--set dense,gate_up,down] [--quick]\n");
+      std::fprintf(stderr, "usage: bench_cuda_dram_pattern [--set dense,gate_up,down,fp4_dense] [--quick]\n");
       return 2;
     }
   }
@@ -85,7 +90,8 @@ int main(int argc, char** argv) {
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device), "properties");
-    const WeightSet all[] = {{"dense", 7168, 16384}, {"gate_up", 32768, 7168}, {"down", 57344, 2048}};
+    const WeightSet all[] = {
+        {"dense", 7168, 16384}, {"gate_up", 32768, 7168}, {"down", 57344, 2048}, {"fp4_dense", 14336, 8192}};
     int64_t max_bytes = 0;
     for (const auto& w : all) max_bytes = std::max(max_bytes, w.rows * w.row_bytes);
     void* data = nullptr;
@@ -138,6 +144,12 @@ int main(int argc, char** argv) {
         t.box_bytes = 256;
         t.stages = 3;
         run("one 256 B box per row (no swizzle), 3 stages", t);
+      }
+      for (int st : {6, 12}) {
+        TmaPattern t = base;
+        t.box_bytes = 64;
+        t.stages = st;
+        run("64 B boxes (the FP4 decode kernel's rows, no swizzle), " + std::to_string(st) + " stages", t);
       }
       for (int c : {1, 2, 4}) {
         TmaPattern t = base;

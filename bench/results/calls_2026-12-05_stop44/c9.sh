@@ -9,6 +9,7 @@
 #     bar), N = 7168 K = 16384, N = 32768 K = 512 (pairs sharing A by default), N = 2112 K = 7168, then the dense FP4
 #     prefill (the gated lean GEMM) at N = 4096 K = 7168.
 # (3) memcheck and racecheck of LeanScaleWarpManyTiles under FINEGEMM_TEST_QUICK=1.
+# (4) bench_cuda_dram_pattern on the dense E4M3 and FP4 weight sets, with the FP4 decode kernel's 64-byte rows.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; export FINEGEMM_PREBUILT=.prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -40,6 +41,15 @@ if left 240; then
     FINEGEMM_TEST_QUICK=1 timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_cuda_linear --gtest_filter='CudaTest.LeanScaleWarpManyTiles' >$W/san_$tool.log 2>&1
     echo "compute-sanitizer $tool (scale warp): rc=$? $(grep -E SUMMARY $W/san_$tool.log | tail -1) $(el)"
   done
+fi
+if left 330; then
+  # (4) The FP4 decode kernel's read pattern (64-byte rows per stage) without arithmetic, beside the E4M3 kernel's.
+  timeout 60 $B/bench/bench_cuda_dram_pattern --set dense,fp4_dense --quick >$W/dram.jsonl 2>$W/dram.err
+  echo "-- read patterns $(el)"; python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l); print("  %-10s %-75s %6.3f TB/s" % (r["set"], r["change"][:75], r["tbps"]))' $W/dram.jsonl
 fi
 cd $OUT && tar czf all.tgz w && rm -rf w
 echo "total $(( $(date +%s) - s0 )) s"
