@@ -527,7 +527,8 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            // Programmatic dependent launch after the activation quantization, with and without split-K.
            {{"FINEGEMM_PDL", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_PDL", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
-           // Two preparer warps (each writes the tables of 32 rows; both vote over all 64).
+           // Two preparer warps taking alternate stages (odd stage counts too: K = 640 has five unsplit, K = 1024 at
+           // split 3 takes 3, 3 and 2; K = 1024 unsplit wraps the six-stage ring).
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
            // Activations permuted for the decode kernel (FINEGEMM_FP4_DECODE_PERM=1: no preparer, the consumers fold

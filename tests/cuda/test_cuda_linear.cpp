@@ -738,8 +738,20 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
                     {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_expand_mode(); });
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", true}, {"0", false}, {"1", true}}, {"2", "lean"},
                      [] { return cuda::fp4_expand_lean_wanted(); });
-  check_switch<bool>("FINEGEMM_GEMM_LEAN_SFB_WARP", {{"", false}, {"0", false}, {"1", true}}, {"2", "on"},
-                     [] { return cuda::lean_sfb_warp_wanted(); });
+  check_switch<int>("FINEGEMM_GEMM_LEAN_SFB_WARP", {{"", -1}, {"0", 0}, {"1", 1}}, {"2", "on", "yes"},
+                    [] { return cuda::lean_sfb_warp_mode(); });
+  // Its shape rule at the edges: K <= 1536 at any M, K <= 2048 from M = 2048; a set switch wins everywhere.
+  EXPECT_TRUE(cuda::lean_sfb_warp_default(params(128, 512), -1));
+  EXPECT_TRUE(cuda::lean_sfb_warp_default(params(512, 1536), -1));
+  EXPECT_FALSE(cuda::lean_sfb_warp_default(params(512, 1664), -1));
+  EXPECT_FALSE(cuda::lean_sfb_warp_default(params(2047, 2048), -1));
+  EXPECT_TRUE(cuda::lean_sfb_warp_default(params(2048, 2048), -1));
+  EXPECT_FALSE(cuda::lean_sfb_warp_default(params(4096, 2176), -1));
+  EXPECT_FALSE(cuda::lean_sfb_warp_default(params(4096, 7168), -1));
+  for (int mode : {0, 1}) {
+    EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 512), mode), mode == 1);
+    EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 7168), mode), mode == 1);
+  }
   check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
                     [] { return cuda::fp4_expand_wide_mode(); });
 }

@@ -172,13 +172,11 @@ __device__ __forceinline__ bool fp4_decode_word_scales(const GemmParams& p) { re
 //   - UE8M0 words, when the recipe may fold (`may_fold`) and every row of the tile has its valid scales within 2^8 of
 //     its largest e_max: flag 1, the tables fp4_fold_table_row(e_max - e) per row and group, 2^e_max per row;
 //   - otherwise flag 0 and the groups' float scales (FP32 scales were copied as floats: only the tail is zeroed).
-// Lane l prepares rows l and l + 32. With two preparer warps (kParts = 2) both take every row's words into the fold
-// vote, and preparer `part` writes the tables, scales and row scales of rows lane + 32·part only (part 0 the flag).
-template <int kBlocks, int kParts = 1>
+// Lane l prepares rows l and l + 32. (With two preparer warps, kPreparers = 2, each prepares every other stage whole.)
+template <int kBlocks>
 __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, bool word_scales, bool may_fold, int kb,
                                                           int lane, const uint2* fold_tab, uint8_t* fold,
-                                                          const uint32_t* words, float* row_scale, uint32_t* flags,
-                                                          int part = 0) {
+                                                          const uint32_t* words, float* row_scale, uint32_t* flags) {
 #pragma unroll
   for (int q = 0; q < kBlocks; ++q) {
     const int valid = p.b_scale_cols - (kb * kBlocks + q) * 4;
@@ -212,7 +210,6 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
       vote = __all_sync(0xFFFFFFFFu, ok);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (kParts == 2 && h != part) continue;
         const int row = lane + 32 * h;
         if (vote) {
 #pragma unroll
@@ -227,13 +224,12 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
     } else if (valid < 4) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (kParts == 2 && h != part) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (j >= valid) scale[j * kFp4DecodeRows + lane + 32 * h] = 0.0f;
       }
     }
-    if (lane == 0 && part == 0) flags[q] = vote ? 1u : 0u;
+    if (lane == 0) flags[q] = vote ? 1u : 0u;
   }
 }
 
@@ -245,8 +241,9 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // kGrouped: MoE experts (DecodeGroups, chunks of WN rows per expert); without it one chunk of p.m ≤ WN rows, known at
 // compile time: the chunk loop in the dense kernel took FP4 at M = 1 (N = 7168, K = 16384) from 37.5 to 41.4 µs
 // even at the same registers and occupancy.
-// kPreparers: FP4 weights, 64-row dense CTAs: 2 splits the preparation of the scales over two warps (on other SM
-// sub-partitions than the one preparer's), FINEGEMM_FP4_DECODE_PREPARERS=2.
+// kPreparers: FP4 weights, 64-row dense CTAs: 2 gives alternate stages to two preparer warps (on two SM
+// sub-partitions), FINEGEMM_FP4_DECODE_PREPARERS=2. (Until stop 45 the two split each stage's rows and both voted
+// over all 64: slower, since each still ran most of the stage's chain.)
 // kPermK: FP4 weights on activations permuted within each 128 of K (GemmParams::a_perm_k, fp4_perm_k_logical): no
 // preparer warp; per 128 of K each consumer thread loads one 16-byte chunk per row (MX group t of it), folds its rows
 // from the scale words itself, and the warpgroup votes (bar.red.and) between the fold's one chain and, where some row
@@ -335,7 +332,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   const int kb_count = min(num_kb, kb_begin + kb_per_split) - kb_begin;
 
   // full[s]: the loader's expect_tx (one arrival), the TMA bytes, and 32 arrivals: the loader lanes' once their
-  // cp.async copies have landed (E4M3 weights) or the preparer lanes' once the scales are prepared (FP4 weights).
+  // cp.async copies have landed (E4M3 weights) or the lanes of the stage's preparer warp once the scales are prepared
+  // (FP4 weights; with two preparers, the one whose turn the stage is).
   // empty[s]: one arrival per consumer thread, after its last read of the stage (or one per warp, after
   // __syncwarp, with p.decode_thread_release off: racecheck reported the reads of the activation scales against the
   // next cp.async into the stage there). landed[s] (FP4): the loader lanes' cp.async copies.
@@ -354,7 +352,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&full[s], 1 + 32 * (kFp8W || kPermK || direct ? 1 : kPreparers));
+      ptx::mbar_init(&full[s], 1 + 32);
       ptx::mbar_init(&empty[s], p.decode_thread_release ? 32 * kConsumerWarps : kConsumerWarps);
       ptx::mbar_init(&landed[s], 32);
     }
@@ -391,18 +389,22 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
       leave_cluster();
       return;
     }
+    // ---------------- Preparer warp (FP4 weights). With two (kPreparers = 2), preparer `part` takes the stages whose
+    // running index i is part modulo 2, so that each has two stages' time for one stage's dependent chain (the one
+    // preparer's ~235 instructions per stage fit the ~1.15 µs per stage measured at M = 1, stop 44). Each waits only
+    // on its own stages' `landed` phases; a slot's next phase cannot complete before the consumers release it, which
+    // needs this preparer's arrival, so no phase is skipped.
     const int part = warp - kPreparerWarp;
-    // ---------------- Preparer warp (FP4 weights).
     RingPosition<kStages> ring;
-    for (int c = 0; c < chunks; ++c) {
-      for (int j = 0; j < kb_count; ++j, ring.advance()) {
+    for (int c = 0, i = 0; c < chunks; ++c) {
+      for (int j = 0; j < kb_count; ++j, ++i, ring.advance()) {
+        if (kPreparers == 2 && (i & 1) != part) continue;
         const int stage = ring.stage;
         ptx::mbar_wait(&landed[stage], ring.phase);
-        fp4_decode_prepare_scales<kBlocks, kPreparers>(p, word_scales, may_fold, kb_begin + j, lane, fold_tab,
-                                                       smem_fold + stage * Smem::kStageFold,
-                                                       smem_words + stage * kBlocks * kFp4DecodeRows,
-                                                       smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4,
-                                                       part);
+        fp4_decode_prepare_scales<kBlocks>(p, word_scales, may_fold, kb_begin + j, lane, fold_tab,
+                                           smem_fold + stage * Smem::kStageFold,
+                                           smem_words + stage * kBlocks * kFp4DecodeRows,
+                                           smem_rs + stage * kBlocks * kFp4DecodeRows, smem_flags + stage * 4);
         ptx::mbar_arrive(&full[stage]);
       }
     }

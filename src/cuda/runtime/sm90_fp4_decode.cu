@@ -285,7 +285,8 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
     if (c.stage_k != 128 && c.stage_k != 256)
       throw Error(std::string("FINEGEMM_FP4_DECODE_STAGE_K: expected 128 or 256, got '") + forced + "'");
   }
-  // Two preparer warps (FINEGEMM_FP4_DECODE_PREPARERS=2): dense FP4 launches with 128 of K per stage only.
+  // Two preparer warps taking alternate stages (FINEGEMM_FP4_DECODE_PREPARERS=2): dense FP4 launches with 128 of K per
+  // stage only.
   if (const char* forced = std::getenv("FINEGEMM_FP4_DECODE_PREPARERS"); forced && *forced) {
     const int v = std::atoi(forced);
     if (v != 1 && v != 2)

@@ -62,9 +62,17 @@ inline constexpr int64_t kLeanPairAMaxK = 1536;
 inline constexpr int64_t kLeanPairAMinM = 2048;
 int lean_pair_default(const GemmParams& p, int mode);
 // FINEGEMM_GEMM_LEAN_SFB_WARP: whether the dense lean kernel's B scales come from the producer warpgroup's second warp,
-// a tile ahead ("1"; unset or "0": the consumers load them at each tile's start). Anything else throws, naming the
-// variable and the value. The counter gives that kernel's launches (tests).
-bool lean_sfb_warp_wanted();
+// a tile ahead ("1"), or the consumers load them at each tile's start ("0"); unset (-1) by shape:
+// lean_sfb_warp_default. Anything else throws, naming the variable and the value. The counter gives that kernel's
+// launches (tests).
+int lean_sfb_warp_mode();
+// Whether a dense lean launch of p takes the scale warp under lean_sfb_warp_mode() == mode: mode itself where set, else
+// at short K (K <= kLeanSfbWarpMaxK, or K <= kLeanSfbWarpMaxKLargeM at M >= kLeanSfbWarpMinMLargeK), where a tile
+// has few K blocks to hide its scale loads behind.
+inline constexpr int64_t kLeanSfbWarpMaxK = 1536;
+inline constexpr int64_t kLeanSfbWarpMaxKLargeM = 2048;
+inline constexpr int64_t kLeanSfbWarpMinMLargeK = 2048;
+bool lean_sfb_warp_default(const GemmParams& p, int mode);
 long long lean_sfb_warp_launches();
 // FINEGEMM_FP4_EXPAND_LEAN: whether the gated lean kernel serves the expanded FP4 prefill's E4M3 GEMM ("1"; unset or
 // "0": the general kernel). Anything else throws, naming the variable and the value.

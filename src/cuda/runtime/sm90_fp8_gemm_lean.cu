@@ -209,8 +209,26 @@ bool fp4_expand_lean_wanted() {
 
 long long grouped_lean_launches() { return grouped_lean_launch_count.load(std::memory_order_relaxed); }
 
-bool lean_sfb_warp_wanted() {
-  return strict_env_bool("FINEGEMM_GEMM_LEAN_SFB_WARP", "the lean kernel's B scales from a scale warp", false);
+int lean_sfb_warp_mode() {
+  const char* env = std::getenv("FINEGEMM_GEMM_LEAN_SFB_WARP");
+  const std::string v = env ? env : "";
+  if (v.empty()) return -1;
+  if (v == "0") return 0;
+  if (v == "1") return 1;
+  throw Error("FINEGEMM_GEMM_LEAN_SFB_WARP: expected 0 (the consumers load the lean kernel's B scales) or 1 (a scale "
+              "warp loads them a tile ahead), got '" + v + "'");
+}
+
+// Unset FINEGEMM_GEMM_LEAN_SFB_WARP (mode -1): the scale warp at short K. Stop 45 (H100 80GB HBM3, bench_cuda_linear
+// graph replay, block-fp32-dynamic, default against =1 in one process; bench/results/stop45_call2_*): it wins where a
+// tile has few K blocks: K = 512 N = 32768 M = 4096 / 2048 / 512 160.8 -> 141.6, 92.3 -> 74.3, 27.9 -> 26.2 µs;
+// K = 1536 N = 24576 260.1 -> 257.3, 132.6 -> 129.9, 37.1 -> 36.5; K = 2048 N = 7168 100.6 -> 99.1, 52.8 -> 50.4 at
+// M = 4096 / 2048 but 16.75 -> 16.95 at M = 512. From K = 7168 it loses or ties (N = 4096 K = 7168 M = 4096
+// 178.5 / 179.3 / 179.2 -> 182.4 / 183.0 / 182.8 in three runs; N = 7168 K = 16384 692 -> 720 in one call and
+// 758 -> 732 in the next; M = 2048 360.8 -> 389.3), so longer K keeps the consumers' loads.
+bool lean_sfb_warp_default(const GemmParams& p, int mode) {
+  if (mode >= 0) return mode == 1;
+  return p.k <= kLeanSfbWarpMaxK || (p.k <= kLeanSfbWarpMaxKLargeM && p.m >= kLeanSfbWarpMinMLargeK);
 }
 
 long long lean_sfb_warp_launches() { return lean_sfb_warp_launch_count.load(std::memory_order_relaxed); }
@@ -242,14 +260,14 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
     return false;
   int max_smem = 0;
   FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb, lean_sfb_warp_wanted()) <= max_smem;
+  return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb, lean_sfb_warp_default(p, lean_sfb_warp_mode())) <= max_smem;
 }
 
 void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
                                int device, cudaStream_t stream) {
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
   // A gated call (lean_gemm_ok admits one with FINEGEMM_FP4_EXPAND_LEAN=1) takes the gated kernel, never paired.
-  const bool sfb_warp = lean_sfb_warp_wanted();
+  const bool sfb_warp = lean_sfb_warp_default(p, lean_sfb_warp_mode());
   auto launch = [&](auto a_scale, auto pair, auto gated, auto share_a) {
     constexpr bool kA = decltype(a_scale)::value, kP = decltype(pair)::value, kG = decltype(gated)::value,
                    kS = decltype(share_a)::value;
