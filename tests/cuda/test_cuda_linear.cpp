@@ -752,6 +752,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
     EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 512), mode), mode == 1);
     EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 7168), mode), mode == 1);
   }
+  check_switch<bool>("FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE", {{"", true}, {"0", false}, {"1", true}}, {"2", "off"},
+                     [] { return cuda::lean_unit_epilogue_wanted(); });
   check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
                     [] { return cuda::fp4_expand_wide_mode(); });
 }

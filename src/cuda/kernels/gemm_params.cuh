@@ -115,6 +115,9 @@ struct GemmParams {
   // FP4 B: the loader warps expand four items per lane per round, all loads before any store
   // (FINEGEMM_FP4_BATCHED_EXPAND=1; off until run on the H200).
   bool fp4_batched_expand = false;
+  // The lean kernel's TMA-store epilogue without a row scale (row_mode None): one FADD per value (v + 0, the same bits
+  // as (v · 1 + 0) · 1) instead of three operations; FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE=0 turns it off (comparisons).
+  bool lean_unit_epilogue = true;
   // The decode kernel (sm90_fp4_decode.cuh): every consumer thread releases a stage itself (128 arrivals), not one
   // lane per warp after __syncwarp (4); FINEGEMM_DECODE_THREAD_RELEASE=0 turns it off (comparisons).
   bool decode_thread_release = true;

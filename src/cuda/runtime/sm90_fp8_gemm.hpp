@@ -73,6 +73,10 @@ inline constexpr int64_t kLeanSfbWarpMaxK = 1536;
 inline constexpr int64_t kLeanSfbWarpMaxKLargeM = 2048;
 inline constexpr int64_t kLeanSfbWarpMinMLargeK = 2048;
 bool lean_sfb_warp_default(const GemmParams& p, int mode);
+// FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE: whether the lean kernel's TMA-store epilogue takes one addition per value where
+// there is no row scale (GemmParams::lean_unit_epilogue; unset or "1": yes, "0": the three operations). Anything else
+// throws, naming the variable and the value.
+bool lean_unit_epilogue_wanted();
 long long lean_sfb_warp_launches();
 // FINEGEMM_FP4_EXPAND_LEAN: whether the gated lean kernel serves the expanded FP4 prefill's E4M3 GEMM ("1"; unset or
 // "0": the general kernel). Anything else throws, naming the variable and the value.

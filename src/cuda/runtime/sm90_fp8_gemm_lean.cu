@@ -263,8 +263,15 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
   return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb, lean_sfb_warp_default(p, lean_sfb_warp_mode())) <= max_smem;
 }
 
-void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int block_m,
-                               int device, cudaStream_t stream) {
+bool lean_unit_epilogue_wanted() {
+  return strict_env_bool("FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE", "the lean epilogue's one addition without a row scale",
+                         true);
+}
+
+void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& params,
+                               int block_m, int device, cudaStream_t stream) {
+  GemmParams p = params;
+  p.lean_unit_epilogue = lean_unit_epilogue_wanted();
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
   // A gated call (lean_gemm_ok admits one with FINEGEMM_FP4_EXPAND_LEAN=1) takes the gated kernel, never paired.
   const bool sfb_warp = lean_sfb_warp_default(p, lean_sfb_warp_mode());
