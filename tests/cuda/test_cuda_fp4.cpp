@@ -531,6 +531,11 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
            // split 3 takes 3, 3 and 2; K = 1024 unsplit wraps the six-stage ring).
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
            {{"FINEGEMM_FP4_DECODE_PREPARERS", "2"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           // The consumers pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1), unsplit, split, and without the
+           // preparer (every stage per step).
+           {{"FINEGEMM_FP4_DECODE_PIPE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
+           {{"FINEGEMM_FP4_DECODE_PIPE", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", "3"}},
+           {{"FINEGEMM_FP4_DECODE_PIPE", "1"}, {"FINEGEMM_FP4_DECODE_DIRECT", "1"}},
            // Activations permuted for the decode kernel (FINEGEMM_FP4_DECODE_PERM=1: no preparer, the consumers fold
            // each row block; recipes it does not serve keep the kernel above).
            {{"FINEGEMM_FP4_DECODE_PERM", "1"}, {"FINEGEMM_FP4_DECODE_SPLIT", ""}},
@@ -547,12 +552,16 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
     // The wgmma decode kernel's switches with the GEMV off (it serves M ≤ 8 at N ≤ 768 by default).
     const bool gemv_pair = std::string(first.first) == "FINEGEMM_FP4_GEMV";
     const ScopedEnv decode_kernel("FINEGEMM_FP4_GEMV", gemv_pair ? "" : "0");
+    const long long pipe_before = cuda::fp4_decode_pipe_launches();
     check_exact(target, gpu, name + " (" + first.first + "=" + first.second + " " + second.first + "=" + second.second + ")", w);
+    if (std::string(first.first) == "FINEGEMM_FP4_DECODE_PIPE")
+      EXPECT_GT(cuda::fp4_decode_pipe_launches(), pipe_before) << name << ": the pipelined decode kernel never ran";
   }
   // The cluster split-K with each of the other exits of the producer warps: no preparer, two preparers, and 256 of K
   // per stage (forced split of 3, so that the cluster is there at every M).
   for (const Env& other : std::vector<Env>{{"FINEGEMM_FP4_DECODE_DIRECT", "1"},
                                            {"FINEGEMM_FP4_DECODE_PREPARERS", "2"},
+                                           {"FINEGEMM_FP4_DECODE_PIPE", "1"},
                                            {"FINEGEMM_FP4_DECODE_STAGE_K", "256"}}) {
     const ScopedEnv cluster("FINEGEMM_DECODE_CLUSTER_REDUCE", "1"), split("FINEGEMM_FP4_DECODE_SPLIT", "3"),
         also(other.first, other.second),
@@ -808,6 +817,30 @@ TEST_P(Fp4Linear, ExactGemvPaths) {
     const ScopedEnv gemv("FINEGEMM_FP4_GEMV", "1"), forced("FINEGEMM_FP4_DECODE_SPLIT", split);
     check_exact(target(), gpu(), std::string("gemv paths (FINEGEMM_FP4_DECODE_SPLIT=") + split + ")", w,
                 {1, 7, 8, 9, 16, 17});
+  }
+}
+
+// The consumers pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1): K blocks that alternate between folding and
+// not (a pending stage finished before a per-step one, and the last stage pending at the end), blocks that all fold
+// (the two register sets in turn across the six-stage ring's wrap: K = 1024 is eight stages unsplit), each unsplit
+// and split in three (3, 3 and 2 stages) and two (4 and 4), at M = 1, 7, 33 and 64 (every token width).
+TEST_P(Fp4Linear, ExactPipelinedDecode) {
+  if (!gpu()) GTEST_SKIP() << "the pipelined decode is a CUDA path";
+  const int mixed[] = {0, 9, 8, 12, 1, kExtreme, 7, 40};
+  const Fp4Matrix alternating = crafted_matrix(208, 1024, [&](int64_t, int64_t b) { return mixed[b]; });
+  const Fp4Matrix folding = crafted_matrix(208, 1024, [&](int64_t, int64_t) { return uniform_int(0, 8); });
+  ASSERT_EQ(count_wide(folding), 0) << "self-check: every block folds";
+  ASSERT_GT(count_wide(alternating), 0) << "self-check: some blocks do not fold";
+  for (const char* split : {"", "3", "2"}) {
+    const ScopedEnv pipe("FINEGEMM_FP4_DECODE_PIPE", "1"), splits("FINEGEMM_FP4_DECODE_SPLIT", split),
+        no_gemv("FINEGEMM_FP4_GEMV", "0");
+    for (const auto& [what, w] : {std::pair<const char*, const Fp4Matrix*>{"alternating folds", &alternating},
+                                  std::pair<const char*, const Fp4Matrix*>{"every block folds", &folding}}) {
+      const long long before = cuda::fp4_decode_pipe_launches();
+      check_exact(target(), gpu(), std::string("pipelined decode, ") + what + ", FINEGEMM_FP4_DECODE_SPLIT=" + split,
+                  *w, {1, 7, 33, 64});
+      EXPECT_GT(cuda::fp4_decode_pipe_launches(), before) << what << ": the pipelined decode kernel never ran";
+    }
   }
 }
 

@@ -244,6 +244,8 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // kPreparers: FP4 weights, 64-row dense CTAs: 2 gives alternate stages to two preparer warps (on two SM
 // sub-partitions), FINEGEMM_FP4_DECODE_PREPARERS=2. (Until stop 45 the two split each stage's rows and both voted
 // over all 64: slower, since each still ran most of the stage's chain.)
+// kPipe: the FP4 consumers software-pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1, stop 45; see the consumer
+// loop).
 // kPermK: FP4 weights on activations permuted within each 128 of K (GemmParams::a_perm_k, fp4_perm_k_logical): no
 // preparer warp; per 128 of K each consumer thread loads one 16-byte chunk per row (MX group t of it), folds its rows
 // from the scale words itself, and the warpgroup votes (bar.red.and) between the fold's one chain and, where some row
@@ -251,7 +253,7 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // per stage, K % 128 == 0, UE8M0 words, one activation scale per 128 (launch_sm90_fp4_decode checks:
 // fp4_decode_perm_ok); dense, or grouped (MoE experts on the decode path, moe_decode_perm_wanted).
 template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kGrouped = false,
-          int kPreparers = 1, bool kSplitFinish = false, bool kPermK = false>
+          int kPreparers = 1, bool kSplitFinish = false, bool kPermK = false, bool kPipe = false>
 // Two CTAs per SM at WN = 64 (ten warps: three on some SM sub-partition, whose 16K registers then allow 168 a
 // thread). With __maxnreg__(200) instead, the occupancy calculator gave one CTA per SM: 115 vs 85 µs at M = 64.
 // Four at WN = 8 with FP4 weights and 128 of K per stage (80 registers): the groups' chunk loop took it to 91
@@ -277,6 +279,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   static_assert(kPreparers == 1 || (kPreparers == 2 && !kFp8W && kRows == 64), "kPreparers: 2 with FP4 weights only");
   static_assert(!kPermK || (!kFp8W && kStageK == 128 && kRows == 64 && kPreparers == 1),
                 "kPermK: FP4 weights, 64 rows, 128 of K per stage, no preparer");
+  static_assert(!kPipe || (!kFp8W && !kPermK && !kGrouped && kStageK == 128 && kRows == 64 && kPreparers == 1 &&
+                           !kSplitFinish),
+                "kPipe: dense FP4 weights, 64 rows, 128 of K per stage, one preparer");
   using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows, kPermK>;
   constexpr int kConsumerWarps = kRows / 16;  // one warpgroup per 64 weight rows
   constexpr int kLoaderWarp = kConsumerWarps, kPreparerWarp = kConsumerWarps + 1;
@@ -730,6 +735,165 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
       // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
       const uint2 plain_tab = fold_tab[0];
+      // One 128 of K (block q of the stage at `stage`, its codes in raw) whose rows do not all fold, or with the
+      // preparer off (direct): each step into its own accumulator, promoted with its group's scale.
+      auto per_step_block = [&](int stage, int i, int q, const uint32_t (&raw)[4][4], const uint8_t* fold_area,
+                                const float* xs, const uint32_t desc_x) {
+        const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);  // [4][64]
+        auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
+          return ptx::desc_from_words(desc_x + static_cast<uint32_t>(((s / 4) * WN * kGemmBlockK + (s % 4) * 32) >> 4), kDescHi);
+        };
+        float wsc[2][4];  // per row and step: the group's scale (0 past K)
+        if (direct) {
+          // The loader's copies as they are: words of four UE8M0 scales per row, or floats per group (the K
+          // tail's groups past the last scale read the last one: zeroed here, their codes are zero-filled).
+          const int valid = p.b_scale_cols - ((kb_begin + i - i_begin) * kBlocks + q) * 4;
+          const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (word_scales) {
+              ue8m0x4_to_float(words[r0 + 8 * h], wsc[h]);
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+            }
+            if (valid < 4) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                if (j >= valid) wsc[h][j] = 0.0f;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+        }
+        float sum[kAcc];
+#pragma unroll
+        for (int b = 0; b < 4; b += kPar) {
+          uint32_t a[kPar][4];
+          float acc[kPar][kAcc];
+#pragma unroll
+          for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<0>();
+#pragma unroll
+          for (int j = 0; j < kPar; ++j) {
+            ptx::fence_operands(acc[j]);
+            fence_regs(a[j]);
+          }
+#pragma unroll
+          for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
+        }
+      };
+      // kPipe (FINEGEMM_FP4_DECODE_PIPE=1; dense, 128 of K per stage, one preparer): a folding stage's wgmma group
+      // is left running while the next stage is waited for, loaded and expanded; its promotion and release follow
+      // the next group's issue (wgmma_wait<1>). The A registers and accumulators alternate between two sets, so the
+      // loop runs two stages per turn. The totals take the stages in the same order, so the bits are the default's.
+      // A stage that does not fold first finishes the pending one, then runs per step as above.
+      if constexpr (kPipe) {
+        static_assert(kBlocks == 1 && !kGrouped, "kPipe: dense, 128 of K per stage");
+        // Without branches on the lane while a wgmma group may run (ptxas serializes every wgmma of a kernel that
+        // waits for one on a divergent path, C7518): with p.decode_thread_release off, lane 0's arrival is predicated.
+        const uint32_t empty_addr = ptx::smem_addr(empty);
+        const bool arrive_here = p.decode_thread_release || lane == 0;
+        auto release_stage = [&](int stage) {
+          if (!p.decode_thread_release) __syncwarp();
+          asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(
+                           empty_addr + static_cast<uint32_t>(stage) * 8u),
+                       "r"(static_cast<uint32_t>(arrive_here))
+                       : "memory");
+        };
+        bool pending = false;
+        int pend_stage = 0;
+        float pend_rs[2] = {0.0f, 0.0f};
+        float2 pend_xv[WN / 8];
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) pend_xv[j] = make_float2(0.0f, 0.0f);
+        uint32_t a0[4][4], a1[4][4];
+        float acc0[kAcc], acc1[kAcc];
+        // The pending stage's promotion, once its group is done (the caller waited), then its release.
+        auto finish = [&](float (&acc)[kAcc], uint32_t (&a)[4][4]) {
+          ptx::fence_operands(acc);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) fence_regs(a[j]);
+#pragma unroll
+          for (int j = 0; j < WN / 8; ++j) {
+            total[4 * j + 0] = fmaf(acc[4 * j + 0] * pend_rs[0], pend_xv[j].x, total[4 * j + 0]);
+            total[4 * j + 1] = fmaf(acc[4 * j + 1] * pend_rs[0], pend_xv[j].y, total[4 * j + 1]);
+            total[4 * j + 2] = fmaf(acc[4 * j + 2] * pend_rs[1], pend_xv[j].x, total[4 * j + 2]);
+            total[4 * j + 3] = fmaf(acc[4 * j + 3] * pend_rs[1], pend_xv[j].y, total[4 * j + 3]);
+          }
+          release_stage(pend_stage);
+          pending = false;
+        };
+        // Stage i into (a, acc); (a_prev, acc_prev) hold the pending stage's group, if any.
+        auto stage_turn = [&](int i, uint32_t (&a)[4][4], float (&acc)[kAcc], uint32_t (&a_prev)[4][4],
+                              float (&acc_prev)[kAcc]) {
+          const int stage = ring.stage;
+          ptx::mbar_wait_shared(full_addr + stage * 8, ring.phase);
+          const uint8_t* wt = smem_w + stage * Smem::kStageW;
+          const uint8_t* fold_area = smem_fold + stage * Smem::kStageFold;
+          const float* rs = smem_rs + stage * kFp4DecodeRows;
+          const float* xs = smem_xs + stage * kSteps * WN;
+          const uint32_t desc_x = desc_x0 + static_cast<uint32_t>(stage * (Smem::kStageX >> 4));
+          uint32_t raw[4][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][j], frag_off[1][j], raw[j]);
+          // The flag through a broadcast from lane 0, so that ptxas sees it warp-uniform: with a wgmma group in flight
+          // across this branch, a branch it took for divergent made it serialize every wgmma of the kernel (C7518).
+          const bool fold = __shfl_sync(0xffffffffu, !direct && smem_flags[stage * 4] != 0u ? 1 : 0, 0) != 0;
+          if (fold) {
+            const uint2* tab = reinterpret_cast<const uint2*>(fold_area);  // [4][64]
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], a[j]);
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              Mma::mma(a[j], ptx::desc_from_words(desc_x + static_cast<uint32_t>((j * 32) >> 4), kDescHi), acc, j > 0);
+            ptx::wgmma_commit();
+            ptx::fence_operands(acc);
+            // This stage's scales into registers: the stage may go back before its promotion.
+            float2 xv[WN / 8];
+#pragma unroll
+            for (int j = 0; j < WN / 8; ++j)
+              xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
+            const float row_scale[2] = {rs[r0], rs[r0 + 8]};
+            // Unconditional waits (a no-op with nothing pending), so that no wait sits on a branch.
+            ptx::wgmma_wait<1>();
+            if (pending) finish(acc_prev, a_prev);
+            pending = true;
+            pend_stage = stage;
+            pend_rs[0] = row_scale[0];
+            pend_rs[1] = row_scale[1];
+#pragma unroll
+            for (int j = 0; j < WN / 8; ++j) pend_xv[j] = xv[j];
+          } else {
+            ptx::wgmma_wait<0>();
+            if (pending) finish(acc_prev, a_prev);
+            per_step_block(stage, i, 0, raw, fold_area, xs, desc_x);
+            release_stage(stage);
+          }
+          ring.advance();
+        };
+        int i = i_begin;
+        for (; i + 1 < i_end; i += 2) {
+          stage_turn(i, a0, acc0, a1, acc1);
+          stage_turn(i + 1, a1, acc1, a0, acc0);
+        }
+        const bool odd = i < i_end;
+        if (odd) stage_turn(i, a0, acc0, a1, acc1);
+        ptx::wgmma_wait<0>();
+        if (pending) {
+          if (odd) finish(acc0, a0);
+          else finish(acc1, a1);
+        }
+      } else
       for (int i = i_begin; i < i_end; ++i, ring.advance()) {
         const int stage = ring.stage;
         ptx::mbar_wait_shared(full_addr + stage * 8, ring.phase);
@@ -748,7 +912,6 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
 #pragma unroll
           for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
           const uint2* tab = reinterpret_cast<const uint2*>(fold_area + q * Smem::kBlockFold);      // [4][64]
-          const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
           if (!direct && flags[q] != 0u) {
             uint32_t a[4][4];
 #pragma unroll
@@ -776,52 +939,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
               total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
             }
           } else {
-            float wsc[2][4];  // per row and step: the group's scale (0 past K)
-            if (direct) {
-              // The loader's copies as they are: words of four UE8M0 scales per row, or floats per group (the K
-              // tail's groups past the last scale read the last one: zeroed here, their codes are zero-filled).
-              const int valid = p.b_scale_cols - ((kb_begin + i - i_begin) * kBlocks + q) * 4;
-              const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                if (word_scales) {
-                  ue8m0x4_to_float(words[r0 + 8 * h], wsc[h]);
-                } else {
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
-                }
-                if (valid < 4) {
-#pragma unroll
-                  for (int j = 0; j < 4; ++j)
-                    if (j >= valid) wsc[h][j] = 0.0f;
-                }
-              }
-            } else {
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
-            }
-            float sum[kAcc];
-#pragma unroll
-            for (int b = 0; b < 4; b += kPar) {
-              uint32_t a[kPar][4];
-              float acc[kPar][kAcc];
-#pragma unroll
-              for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
-              ptx::wgmma_fence();
-#pragma unroll
-              for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
-              ptx::wgmma_commit();
-              ptx::wgmma_wait<0>();
-#pragma unroll
-              for (int j = 0; j < kPar; ++j) {
-                ptx::fence_operands(acc[j]);
-                fence_regs(a[j]);
-              }
-#pragma unroll
-              for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
-            }
+            per_step_block(stage, i, q, raw, fold_area, xs, desc_x);
           }
         }
         if (p.decode_thread_release) {

@@ -20,6 +20,7 @@ namespace {
 std::atomic<long long> split_finishes{0};  // decode launches that finish their split-K themselves
 std::atomic<long long> perm_launches{0};   // decode launches on permuted activations (kPermK)
 std::atomic<long long> perm_wide_launches{0};  // of those, with 128-token tiles
+std::atomic<long long> pipe_launches{0};  // dense FP4 decode launches with pipelined consumers (kPipe)
 
 // Stages (kStageK of K each; FP4 weights take about 7.7 KB per 128 of K at WN = 8 with the prepared scales): about
 // 50 KB (128) or 60 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share an SM; 2 CTAs at WN = 64 (its
@@ -39,10 +40,10 @@ constexpr int kFp4DecodeStages =
 // kSplitFinish: the instantiation that finishes its split-K itself (split_finish_in_kernel; one preparer only).
 // kPermK: the kernel on permuted activations (GemmParams::a_perm_k; dense or grouped).
 template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1, bool kSplitFinish = false,
-          bool kPermK = false>
+          bool kPermK = false, bool kPipe = false>
 auto fp4_decode_kernel() {
   return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows, kPermK>, kStageK, kFp8W, kRows,
-                                kGrouped, kPreparers, kSplitFinish, kPermK>;
+                                kGrouped, kPreparers, kSplitFinish, kPermK, kPipe>;
 }
 
 template <int WN, int kStageK, bool kFp8W, int kRows, bool kPermK = false>
@@ -51,13 +52,13 @@ constexpr int fp4_decode_smem() {
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
-template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false>
+template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false, bool kPipe = false>
 int prepare_kernel(int device) {
   static std::atomic<int> ctas_per_sm[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : 0;
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
-    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK>();
+    auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK, kPipe>();
     constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer (none with kPermK;
@@ -79,16 +80,16 @@ int prepare_kernel(int device) {
   return ctas;
 }
 
-template <int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false>
+template <int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false, bool kPipe = false>
 int prepare(int wn, int device) {
   if constexpr (kPermK) {
     if (wn == 128) return prepare_kernel<128, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
   }
   switch (wn) {
-    case 8: return prepare_kernel<8, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
-    case 16: return prepare_kernel<16, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
-    case 32: return prepare_kernel<32, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
-    default: return prepare_kernel<64, kStageK, kFp8W, kRows, kPreparers, kPermK>(device);
+    case 8: return prepare_kernel<8, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(device);
+    case 16: return prepare_kernel<16, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(device);
+    case 32: return prepare_kernel<32, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(device);
+    default: return prepare_kernel<64, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(device);
   }
 }
 
@@ -96,10 +97,11 @@ int prepare(const Fp4DecodeConfig& c, int device) {
   if (c.perm_k) return prepare<128, false, 64, 1, true>(c.wn, device);
   if (c.fp8_weights) return c.rows == 128 ? prepare<128, true, 128>(c.wn, device) : prepare<128, true, 64>(c.wn, device);
   if (c.stage_k == 256) return prepare<256, false, 64>(c.wn, device);
+  if (c.pipe) return prepare<128, false, 64, 1, false, true>(c.wn, device);
   return c.preparers == 2 ? prepare<128, false, 64, 2>(c.wn, device) : prepare<128, false, 64>(c.wn, device);
 }
 
-template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false>
+template <int WN, int kStageK, bool kFp8W, int kRows, int kPreparers = 1, bool kPermK = false, bool kPipe = false>
 void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
             const DecodeGroups& groups, int* split_counters, cudaStream_t stream) {
   const int64_t ctas = int64_t{c.tiles} * c.split_k * std::max(1, groups.slots);
@@ -114,7 +116,7 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
     // With the in-kernel split-K reduction, a tile's split_k CTAs (consecutive along x) form one cluster.
     const auto kernel = split_counters != nullptr
                             ? fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, 1, true, kPermK>()
-                            : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK>();
+                            : fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK, kPipe>();
     launch_ex(p.pdl, p.decode_cluster_reduce ? c.split_k : 1, kernel, grid, kThreads, kSmem, stream, x, w, p, c.split_k,
               c.kb_per_split, c.swizzle, groups, c.tiles, split_counters);
   } else if constexpr (kStageK == 128 && kRows == kFp4DecodeRows && kPreparers == 1) {
@@ -129,17 +131,18 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
   }
 }
 
-template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1, bool kPermK = false>
+template <int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1, bool kPermK = false,
+          bool kPipe = false>
 void launch_for_width(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, const Fp4DecodeConfig& c,
                       const DecodeGroups& groups, int* split_counters, cudaStream_t stream) {
   if constexpr (kPermK) {
     if (c.wn == 128) return launch<128, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
   }
   switch (c.wn) {
-    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
-    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
-    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
-    default: return launch<64, kStageK, kFp8W, kRows, kPreparers, kPermK>(x, w, p, c, groups, split_counters, stream);
+    case 8: return launch<8, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(x, w, p, c, groups, split_counters, stream);
+    case 16: return launch<16, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(x, w, p, c, groups, split_counters, stream);
+    case 32: return launch<32, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(x, w, p, c, groups, split_counters, stream);
+    default: return launch<64, kStageK, kFp8W, kRows, kPreparers, kPermK, kPipe>(x, w, p, c, groups, split_counters, stream);
   }
 }
 
@@ -257,6 +260,7 @@ int* claim_split_counters(int device, cudaStream_t stream, int64_t count) {
 void count_split_finish() { ++split_finishes; }
 long long decode_split_finishes() { return split_finishes.load(); }
 long long fp4_decode_perm_launches() { return perm_launches.load(); }
+long long fp4_decode_pipe_launches() { return pipe_launches.load(); }
 long long fp4_decode_perm_wide_launches() { return perm_wide_launches.load(); }
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
@@ -293,6 +297,10 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
       throw Error(std::string("FINEGEMM_FP4_DECODE_PREPARERS: expected 1 or 2, got '") + forced + "'");
     if (!fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k) c.preparers = v;
   }
+  // The consumers software-pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1, stop 45, off until measured): dense
+  // FP4 launches with 128 of K per stage and one preparer.
+  c.pipe = !fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k && c.preparers == 1 &&
+           env_switch("FINEGEMM_FP4_DECODE_PIPE", false);
   const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
   // at least 512 of K per split: each split costs M × N floats of partials.
@@ -317,9 +325,9 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
   c.split_k = ceil_div(num_kb, c.kb_per_split);
   c.swizzle = env_switch("FINEGEMM_FP4_DECODE_SWIZZLE", true);
   if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
-    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d rows=%d preparers=%d perm_k=%d\n",
+    std::fprintf(stderr, "finegemm: %s decode M=%d N=%d K=%d slots=%d -> WN=%d tiles=%d split_k=%d stage_k=%d kb_per_split=%d swizzle=%d rows=%d preparers=%d perm_k=%d pipe=%d\n",
                  fp8_weights ? "fp8" : "fp4", m, n, k, slots, c.wn, c.tiles, c.split_k, c.stage_k, c.kb_per_split,
-                 c.swizzle ? 1 : 0, c.rows, c.preparers, c.perm_k ? 1 : 0);
+                 c.swizzle ? 1 : 0, c.rows, c.preparers, c.perm_k ? 1 : 0, c.pipe ? 1 : 0);
   return c;
 }
 
@@ -370,6 +378,10 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
     ++perm_launches;
     if (c.wn == 128) ++perm_wide_launches;
   } else if (c.stage_k == 256) launch_for_width<256, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
+  else if (c.pipe) {
+    launch_for_width<128, false, kFp4DecodeRows, 1, false, true>(tma_x, tma_w, p, c, groups, split_counters, stream);
+    ++pipe_launches;
+  }
   else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, split_counters, stream);
   else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
   FG_CUDA_CHECK(cudaGetLastError());

@@ -103,6 +103,7 @@ struct Fp4DecodeConfig {
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
   int preparers = 1;  // FP4 scale-preparer warps: 1, or 2 (FINEGEMM_FP4_DECODE_PREPARERS=2; dense, 128 of K per stage)
   bool perm_k = false;  // FP4 on permuted activations (GemmParams::a_perm_k): no preparer, 128 of K per stage
+  bool pipe = false;  // FP4 consumers pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1; dense, 128 of K, 1 preparer)
 };
 int fp4_decode_width(int m);
 // fp8_weights: the same kernel on E4M3 weights with 64x128-constant block scales (FINEGEMM_FP8_DECODE=1, off).
@@ -152,6 +153,8 @@ long long decode_split_finishes();
 // FP4 decode launches (dense and grouped) on permuted activations (GemmParams::a_perm_k), and those with 128-token
 // tiles, for tests.
 long long fp4_decode_perm_launches();
+// Dense FP4 decode launches with the pipelined consumers (FINEGEMM_FP4_DECODE_PIPE=1; tests).
+long long fp4_decode_pipe_launches();
 long long fp4_decode_perm_wide_launches();
 void count_split_finish();
 // Tile counters for the split-K finish inside a decode kernel (split_finish_in_kernel): `count` ints, zero, for a call
