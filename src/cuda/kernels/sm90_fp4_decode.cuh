@@ -735,67 +735,68 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         for (int s = 0; s < kSteps; ++s) frag_off[h][s] = fp4_fragment_offset<kRowBytes>(r0 + 8 * h, t, s, swizzle);
       // The permutes' constant operands, loaded once (as immediates, ptxas materialised them before every use).
       const uint2 plain_tab = fold_tab[0];
-      // One 128 of K (block q of the stage at `stage`, its codes in raw) whose rows do not all fold, or with the
-      // preparer off (direct): each step into its own accumulator, promoted with its group's scale.
-      auto per_step_block = [&](int stage, int i, int q, const uint32_t (&raw)[4][4], const uint8_t* fold_area,
-                                const float* xs, const uint32_t desc_x) {
-        const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);  // [4][64]
-        auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
-          return ptx::desc_from_words(desc_x + static_cast<uint32_t>(((s / 4) * WN * kGemmBlockK + (s % 4) * 32) >> 4), kDescHi);
-        };
-        float wsc[2][4];  // per row and step: the group's scale (0 past K)
-        if (direct) {
-          // The loader's copies as they are: words of four UE8M0 scales per row, or floats per group (the K
-          // tail's groups past the last scale read the last one: zeroed here, their codes are zero-filled).
-          const int valid = p.b_scale_cols - ((kb_begin + i - i_begin) * kBlocks + q) * 4;
-          const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (word_scales) {
-              ue8m0x4_to_float(words[r0 + 8 * h], wsc[h]);
-            } else {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
-            }
-            if (valid < 4) {
-#pragma unroll
-              for (int j = 0; j < 4; ++j)
-                if (j >= valid) wsc[h][j] = 0.0f;
-            }
-          }
-        } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
-        }
-        float sum[kAcc];
-#pragma unroll
-        for (int b = 0; b < 4; b += kPar) {
-          uint32_t a[kPar][4];
-          float acc[kPar][kAcc];
-#pragma unroll
-          for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
-          ptx::wgmma_commit();
-          ptx::wgmma_wait<0>();
-#pragma unroll
-          for (int j = 0; j < kPar; ++j) {
-            ptx::fence_operands(acc[j]);
-            fence_regs(a[j]);
-          }
-#pragma unroll
-          for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
-        }
-      };
       // kPipe (FINEGEMM_FP4_DECODE_PIPE=1; dense, 128 of K per stage, one preparer): a folding stage's wgmma group
       // is left running while the next stage is waited for, loaded and expanded; its promotion and release follow
       // the next group's issue (wgmma_wait<1>). The A registers and accumulators alternate between two sets, so the
       // loop runs two stages per turn. The totals take the stages in the same order, so the bits are the default's.
-      // A stage that does not fold first finishes the pending one, then runs per step as above.
+      // A stage that does not fold first finishes the pending one, then runs per step (a copy of the default loop's
+      // per-step path below, kept apart so that the default kernels' code stays as it was).
       if constexpr (kPipe) {
+        // One 128 of K (block q of the stage at `stage`, its codes in raw) whose rows do not all fold, or with the
+        // preparer off (direct): each step into its own accumulator, promoted with its group's scale.
+        auto per_step_block = [&](int stage, int i, int q, const uint32_t (&raw)[4][4], const uint8_t* fold_area,
+                                  const float* xs, const uint32_t desc_x) {
+          const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);  // [4][64]
+          auto desc_of = [&](int s) {  // step s: box s / 4, 32 bytes per step inside it
+            return ptx::desc_from_words(desc_x + static_cast<uint32_t>(((s / 4) * WN * kGemmBlockK + (s % 4) * 32) >> 4), kDescHi);
+          };
+          float wsc[2][4];  // per row and step: the group's scale (0 past K)
+          if (direct) {
+            // The loader's copies as they are: words of four UE8M0 scales per row, or floats per group (the K
+            // tail's groups past the last scale read the last one: zeroed here, their codes are zero-filled).
+            const int valid = p.b_scale_cols - ((kb_begin + i - i_begin) * kBlocks + q) * 4;
+            const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (word_scales) {
+                ue8m0x4_to_float(words[r0 + 8 * h], wsc[h]);
+              } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+              }
+              if (valid < 4) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                  if (j >= valid) wsc[h][j] = 0.0f;
+              }
+            }
+          } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+          }
+          float sum[kAcc];
+#pragma unroll
+          for (int b = 0; b < 4; b += kPar) {
+            uint32_t a[kPar][4];
+            float acc[kPar][kAcc];
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) {
+              ptx::fence_operands(acc[j]);
+              fence_regs(a[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
+          }
+        };
         static_assert(kBlocks == 1 && !kGrouped, "kPipe: dense, 128 of K per stage");
         // Without branches on the lane while a wgmma group may run (ptxas serializes every wgmma of a kernel that
         // waits for one on a divergent path, C7518): with p.decode_thread_release off, lane 0's arrival is predicated.
@@ -912,6 +913,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
 #pragma unroll
           for (int j = 0; j < 4; ++j) fp4_fragment_load(wt, frag_off[0][4 * q + j], frag_off[1][4 * q + j], raw[j]);
           const uint2* tab = reinterpret_cast<const uint2*>(fold_area + q * Smem::kBlockFold);      // [4][64]
+          const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
           if (!direct && flags[q] != 0u) {
             uint32_t a[4][4];
 #pragma unroll
@@ -939,7 +941,52 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
               total[4 * j + 3] = fmaf(acc[4 * j + 3] * row_scale[1], xv[j].y, total[4 * j + 3]);
             }
           } else {
-            per_step_block(stage, i, q, raw, fold_area, xs, desc_x);
+            float wsc[2][4];  // per row and step: the group's scale (0 past K)
+            if (direct) {
+              // The loader's copies as they are: words of four UE8M0 scales per row, or floats per group (the K
+              // tail's groups past the last scale read the last one: zeroed here, their codes are zero-filled).
+              const int valid = p.b_scale_cols - ((kb_begin + i - i_begin) * kBlocks + q) * 4;
+              const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                if (word_scales) {
+                  ue8m0x4_to_float(words[r0 + 8 * h], wsc[h]);
+                } else {
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+                }
+                if (valid < 4) {
+#pragma unroll
+                  for (int j = 0; j < 4; ++j)
+                    if (j >= valid) wsc[h][j] = 0.0f;
+                }
+              }
+            } else {
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) wsc[h][j] = scale[j * kFp4DecodeRows + r0 + 8 * h];
+            }
+            float sum[kAcc];
+#pragma unroll
+            for (int b = 0; b < 4; b += kPar) {
+              uint32_t a[kPar][4];
+              float acc[kPar][kAcc];
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) fp4_fragment_expand(raw[b + j], plain_tab, plain_tab, a[j]);
+              ptx::wgmma_fence();
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) Mma::mma(a[j], desc_of(4 * q + b + j), acc[j], false);
+              ptx::wgmma_commit();
+              ptx::wgmma_wait<0>();
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) {
+                ptx::fence_operands(acc[j]);
+                fence_regs(a[j]);
+              }
+#pragma unroll
+              for (int j = 0; j < kPar; ++j) promote(4 * q + b + j, acc[j], wsc[0][b + j], wsc[1][b + j], xs, sum);
+            }
           }
         }
         if (p.decode_thread_release) {
