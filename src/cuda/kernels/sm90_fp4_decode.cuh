@@ -263,6 +263,8 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 // Two preparers (seven warps): 72 registers at WN = 8 (4 CTAs per SM, no spills); at WN = 16, 98 registers leave 2
 // CTAs per SM (3 asked for spilled: 80 registers, the sub-partitions' register files); at WN = 64, 2 CTAs cost 136
 // bytes of spills (128 registers).
+// kPipe at WN = 8: ptxas serializes its wgmma for want of registers (C7512), at 4 CTAs per SM (80 registers) and at
+// 3 (86 used of 113) alike (stop 45); at WN = 16 and 32 it keeps them asynchronous, at WN = 64 it spills.
 // WN = 128 (permuted activations, five warps): two CTAs per SM cap the registers at 168 (ptxas spills 4 bytes
 // dense, 36-48 grouped, at 489861e); one CTA per SM would leave five warps on the SM.
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>,
@@ -858,7 +860,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
             for (int j = 0; j < 4; ++j)
               Mma::mma(a[j], ptx::desc_from_words(desc_x + static_cast<uint32_t>((j * 32) >> 4), kDescHi), acc, j > 0);
             ptx::wgmma_commit();
-            ptx::fence_operands(acc);
+            // No fence on acc here: any instruction touching a running group's accumulators makes ptxas serialize
+            // every wgmma of the kernel (C7514; stop 45's measured build had one). finish() fences them after the wait.
             // This stage's scales into registers: the stage may go back before its promotion.
             float2 xv[WN / 8];
 #pragma unroll
@@ -886,6 +889,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         for (; i + 1 < i_end; i += 2) {
           stage_turn(i, a0, acc0, a1, acc1);
           stage_turn(i + 1, a1, acc1, a0, acc0);
+          // No group crosses the loop's back edge: the register allocator's moves there would read a running group's
+          // accumulators, and ptxas then serializes every wgmma (C7514). So each pair of stages overlaps within itself.
+          ptx::wgmma_wait<0>();
+          if (pending) finish(acc1, a1);
         }
         const bool odd = i < i_end;
         if (odd) stage_turn(i, a0, acc0, a1, acc1);
