@@ -263,12 +263,13 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 // Two preparers (seven warps): 72 registers at WN = 8 (4 CTAs per SM, no spills); at WN = 16, 98 registers leave 2
 // CTAs per SM (3 asked for spilled: 80 registers, the sub-partitions' register files); at WN = 64, 2 CTAs cost 136
 // bytes of spills (128 registers).
-// kPipe at WN = 8: ptxas serializes its wgmma for want of registers (C7512), at 4 CTAs per SM (80 registers) and at
-// 3 (86 used of 113) alike (stop 45); at WN = 16 and 32 it keeps them asynchronous, at WN = 64 it spills.
+// kPipe at WN = 8: two CTAs per SM. ptxas serialized its wgmma for want of registers (C7512) at 4 CTAs per SM (80
+// registers) and at 3 (113); unbounded it takes 129 (stop 45). At WN = 16 and 32 the wgmma stay asynchronous; WN = 64
+// spills.
 // WN = 128 (permuted activations, five warps): two CTAs per SM cap the registers at 168 (ptxas spills 4 bytes
 // dense, 36-48 grouped, at 489861e); one CTA per SM would leave five warps on the SM.
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>,
-                                  kRows == 128 ? 1 : (WN >= 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? 4 : 1)))
+                                  kRows == 128 ? 1 : (WN >= 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? (kPipe ? 2 : 4) : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
                            int tiles, int* split_counters) {
