@@ -823,7 +823,8 @@ TEST_P(Fp4Linear, ExactGemvPaths) {
 // The consumers pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1): K blocks that alternate between folding and
 // not (a pending stage finished before a per-step one, and the last stage pending at the end), blocks that all fold
 // (the two register sets in turn across the six-stage ring's wrap: K = 1024 is eight stages unsplit), each unsplit
-// and split in three (3, 3 and 2 stages) and two (4 and 4), at M = 1, 7, 33 and 64 (every token width).
+// and split in three (3, 3 and 2 stages) and two (4 and 4), at M = 1, 7 and 33 (the widths it serves: 8, 8 and 32)
+// and 64 (the default kernel: the switch stops at 32 tokens).
 TEST_P(Fp4Linear, ExactPipelinedDecode) {
   if (!gpu()) GTEST_SKIP() << "the pipelined decode is a CUDA path";
   const int mixed[] = {0, 9, 8, 12, 1, kExtreme, 7, 40};

@@ -298,8 +298,9 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
     if (!fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k) c.preparers = v;
   }
   // The consumers software-pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1, stop 45, off until measured): dense
-  // FP4 launches with 128 of K per stage and one preparer.
-  c.pipe = !fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k && c.preparers == 1 &&
+  // FP4 launches with 128 of K per stage and one preparer, up to 32 tokens (at WN = 64 the two register sets spill
+  // 552 bytes).
+  c.pipe = !fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k && c.preparers == 1 && c.wn <= 32 &&
            env_switch("FINEGEMM_FP4_DECODE_PIPE", false);
   const int num_kb = std::max(1, ceil_div(k, c.stage_k));
   // Split K until every SM holds as many CTAs as fit at once (the weights stream from all of them together), keeping
