@@ -124,6 +124,14 @@ struct GemmParams {
   // The decode kernel with FP4 weights: no preparer warp; the consumers decode the weight scales themselves and run
   // every 32 of K as its own wgmma, promoted with its group's scale (FINEGEMM_FP4_DECODE_DIRECT=1; off until measured).
   bool fp4_decode_direct = false;
+  // The decode kernel with FP4 weights and UE8M0 scales: per (row, 128 of K) words prepared once per weight
+  // (fp4_fold_words_kernel, FINEGEMM_FP4_DECODE_FOLD_CACHE=1, off until measured): where the row's 64-row tile folds,
+  // the four groups' distances e_max - e (4 bits each, bits 0-15) and e_max (bits 16-23); elsewhere the row's scale
+  // word as stored. fp4_fold_flags: per (64-row tile, 128 of K) whether the tile folds. The loader copies them in
+  // place of the scale words and the flags, and no preparer warp runs. [n][fp4_fold_blocks] and [tiles][blocks].
+  const uint32_t* fp4_fold_words = nullptr;
+  const uint32_t* fp4_fold_flags = nullptr;
+  int fp4_fold_blocks = 0;
   // The decode kernel's loader requests the weight tiles of this many consecutive stages back to back (it waits for
   // all of their slots first), so that each weight row's adjacent K chunks reach DRAM together
   // (FINEGEMM_DECODE_LOAD_BATCH=2 or 3; 1 = one stage at a time; a batch that does not divide the ring's stage count

@@ -233,6 +233,47 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
   }
 }
 
+// The prepared fold words of one weight (FINEGEMM_FP4_DECODE_FOLD_CACHE=1; GemmParams::fp4_fold_words): grid (64-row
+// tiles, 128s of K), one warp each; lane l takes rows l and l + 32 of the tile (clamped to the last row, as the
+// loader's copies are). The decision is the preparer's (fp4_decode_prepare_scales with may_fold): the tile folds
+// where every row's valid scales lie within 2^8 of its largest. Folding rows get their distances and e_max
+// (GemmParams::fp4_fold_words), the others their scale word as stored. UE8M0 bytes (word_bytes 1, 4-byte aligned rows
+// of a multiple of 4 groups) or packed UE8M0 (word_bytes 4).
+__global__ void fp4_fold_words_kernel(const uint8_t* scale, int word_bytes, int64_t stride_n, int n, int scale_cols,
+                                      int blocks, uint32_t* words, uint32_t* flags) {
+  const int tile = static_cast<int>(blockIdx.x), q = static_cast<int>(blockIdx.y), lane = static_cast<int>(threadIdx.x);
+  const int last_word = 4 * ((scale_cols + 3) / 4) - 4;
+  const int valid = scale_cols - q * 4;
+  const bool whole = valid >= 4;
+  uint32_t raw[2], fold[2];
+  bool ok = true;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = min(tile * kFp4DecodeRows + lane + 32 * h, n - 1);
+    raw[h] = *reinterpret_cast<const uint32_t*>(scale + static_cast<int64_t>(row) * stride_n * word_bytes +
+                                                min(4 * q, last_word));
+    int e[4], hi = 0, lo = 255;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      e[j] = static_cast<int>((raw[h] >> (8 * j)) & 0xFFu);
+      if (whole || j < valid) hi = max(hi, e[j]), lo = min(lo, e[j]);
+    }
+    ok = ok && hi - lo <= 8;
+    uint32_t f = static_cast<uint32_t>(hi) << 16;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (whole || j < valid) f |= static_cast<uint32_t>(hi - e[j] <= 8 ? hi - e[j] : 0) << (4 * j);
+    fold[h] = f;
+  }
+  const bool vote = __all_sync(0xFFFFFFFFu, ok);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = tile * kFp4DecodeRows + lane + 32 * h;
+    if (row < n) words[static_cast<int64_t>(row) * blocks + q] = vote ? fold[h] : raw[h];
+  }
+  if (lane == 0) flags[static_cast<int64_t>(tile) * blocks + q] = vote ? 1u : 0u;
+}
+
 // grid: (ceil(N / 64) tiles) × split; block kFp4DecodeThreads threads. kb_per_split stages (kStageK of K each) per split.
 // kFp8W (FINEGEMM_FP8_DECODE=1, off until measured): E4M3 weights with block scales constant over each 64-row tile
 // and 128 of K (b_block_n % 64 == 0, b_block_k % 128 == 0). The weights are the wgmma's A from shared memory (no
@@ -348,6 +389,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   // Direct (p.fp4_decode_direct) and permuted activations (kPermK): no preparation; the loader's copies complete the
   // full barrier (1 + 32 arrivals) and `landed` is unused.
   const bool direct = !kFp8W && !kPermK && p.fp4_decode_direct;
+  // Prepared fold words (p.fp4_fold_words, FINEGEMM_FP4_DECODE_FOLD_CACHE=1): the loader copies the words and the
+  // tiles' flags that fp4_fold_words_kernel made once per weight; no preparer, the loader's copies complete `full`.
+  const bool prepared = !kFp8W && !kPermK && !kPipe && !kGrouped && kPreparers == 1 && !direct && p.fp4_fold_words != nullptr;
   // In-kernel split-K (p.decode_cluster_reduce, dense launches in clusters of split_k CTAs, one tile each): every
   // thread of the cluster passes two cluster barriers (partials written; partials read). The producer warps pass
   // both on their way out.
@@ -393,7 +437,7 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
 
   // Direct: the preparer warps exit at once; the consumers decode the scales themselves (per-step promotion).
   if (!kFp8W && !kPermK && warp >= kPreparerWarp) {
-    if (direct) {
+    if (direct || prepared) {
       leave_cluster();
       return;
     }
@@ -496,6 +540,11 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         for (int h = 0; h < 2; ++h) {
           if (kFp8W) {
             // E4M3 weights: the consumers load the tile's block scale themselves.
+          } else if (prepared) {
+#pragma unroll
+            for (int q = 0; q < kBlocks; ++q)
+              ptx::cp_async_4(smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows + lane + 32 * h,
+                              p.fp4_fold_words + static_cast<int64_t>(w_rows[h]) * p.fp4_fold_blocks + kb * kBlocks + q);
           } else if (word_scales) {
 #pragma unroll
             for (int q = 0; q < kBlocks; ++q)
@@ -535,7 +584,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
             }
           }
         }
-        ptx::cp_async_mbar_arrive_noinc(kFp8W || kPermK || direct ? &full[stage] : &landed[stage]);
+        if (prepared && lane < kBlocks)
+          ptx::cp_async_4(smem_flags + stage * 4 + lane,
+                          p.fp4_fold_flags + static_cast<int64_t>(tile) * p.fp4_fold_blocks + kb * kBlocks + lane);
+        ptx::cp_async_mbar_arrive_noinc(kFp8W || kPermK || direct || prepared ? &full[stage] : &landed[stage]);
       }
     }
     ptx::cp_async_wait_all();  // no copy outlives its thread
@@ -924,9 +976,23 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
           const float* scale = reinterpret_cast<const float*>(fold_area + q * Smem::kBlockFold);   // [4][64]
           if (!direct && flags[q] != 0u) {
             uint32_t a[4][4];
+            float row_scale[2];
+            if (prepared) {
+              // The prepared words: group j's distance in bits 4j..4j+3, e_max in bits 16-23.
+              const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;
+              const uint32_t w0 = words[r0], w1 = words[r0 + 8];
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-              fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], a[j]);
+              for (int j = 0; j < 4; ++j)
+                fp4_fragment_expand(raw[j], fold_tab[(w0 >> (4 * j)) & 0xFu], fold_tab[(w1 >> (4 * j)) & 0xFu], a[j]);
+              row_scale[0] = ue8m0_bits_to_float((w0 >> 16) & 0xFFu);
+              row_scale[1] = ue8m0_bits_to_float((w1 >> 16) & 0xFFu);
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                fp4_fragment_expand(raw[j], tab[j * kFp4DecodeRows + r0], tab[j * kFp4DecodeRows + r0 + 8], a[j]);
+              row_scale[0] = rs[q * kFp4DecodeRows + r0];
+              row_scale[1] = rs[q * kFp4DecodeRows + r0 + 8];
+            }
             float acc[kAcc];
             ptx::wgmma_fence();
 #pragma unroll
@@ -936,7 +1002,6 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
 #pragma unroll
             for (int j = 0; j < WN / 8; ++j)
               xv[j] = p.a_scale ? *reinterpret_cast<const float2*>(xs + 4 * q * WN + 8 * j + 2 * t) : make_float2(1.0f, 1.0f);
-            const float row_scale[2] = {rs[q * kFp4DecodeRows + r0], rs[q * kFp4DecodeRows + r0 + 8]};
             ptx::wgmma_wait<0>();
             ptx::fence_operands(acc);
 #pragma unroll
@@ -950,8 +1015,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
             }
           } else {
             float wsc[2][4];  // per row and step: the group's scale (0 past K)
-            if (direct) {
-              // The loader's copies as they are: words of four UE8M0 scales per row, or floats per group (the K
+            if (direct || prepared) {
+              // The loader's copies as they are (prepared words of a tile that does not fold are the scale words): words of four UE8M0 scales per row, or floats per group (the K
               // tail's groups past the last scale read the last one: zeroed here, their codes are zero-filled).
               const int valid = p.b_scale_cols - ((kb_begin + i - i_begin) * kBlocks + q) * 4;
               const uint32_t* words = smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows;

@@ -21,6 +21,50 @@ std::atomic<long long> split_finishes{0};  // decode launches that finish their 
 std::atomic<long long> perm_launches{0};   // decode launches on permuted activations (kPermK)
 std::atomic<long long> perm_wide_launches{0};  // of those, with 128-token tiles
 std::atomic<long long> pipe_launches{0};  // dense FP4 decode launches with pipelined consumers (kPipe)
+std::atomic<long long> fold_cache_launches{0};  // dense FP4 decode launches on prepared fold words
+
+// Prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=1, off until measured): one allocation per weight scale tensor,
+// made and filled by fp4_fold_words_kernel on the first eager call that may use it and kept for the process. The
+// switch is a promise that the weight scales at an address never change while the process runs (a weight freed and
+// another put at the same address with the same shape would reuse the old words). Under stream capture a weight
+// not yet prepared takes the preparer warp (no allocation is enqueued into a graph).
+struct FoldWords {
+  uint32_t* words = nullptr;  // [n][blocks]
+  uint32_t* flags = nullptr;  // [tiles][blocks]
+};
+using FoldKey = std::tuple<int, const void*, int, int, int, int64_t>;  // device, scales, format, n, scale cols, stride
+std::mutex fold_mutex;
+std::map<FoldKey, FoldWords>& fold_cache() {
+  static auto* cache = new std::map<FoldKey, FoldWords>;  // never destroyed: the words live as long as the process
+  return *cache;
+}
+
+// The prepared words for this call's weight scales, or {} where the call does not qualify or cannot prepare them now.
+FoldWords prepared_fold_words(const GemmParams& p, int device, cudaStream_t stream) {
+  const int blocks = ceil_div(p.k, kGemmBlockK);
+  const int tiles = ceil_div(p.n, kFp4DecodeRows);
+  const FoldKey key{device, p.b_scale, static_cast<int>(p.b_scale_fmt), p.n, p.b_scale_cols, p.b_scale_stride_n};
+  std::lock_guard<std::mutex> lock(fold_mutex);
+  auto& cache = fold_cache();
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone) return {};
+  const size_t word_count = static_cast<size_t>(p.n) * blocks, flag_count = static_cast<size_t>(tiles) * blocks;
+  void* base = nullptr;
+  if (cudaMalloc(&base, sizeof(uint32_t) * (word_count + flag_count)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  FoldWords f{static_cast<uint32_t*>(base), static_cast<uint32_t*>(base) + word_count};
+  const int word_bytes = p.b_scale_fmt == ScaleFmt::UE8M0 ? 1 : 4;
+  fp4_fold_words_kernel<<<dim3(tiles, blocks), 32, 0, stream>>>(static_cast<const uint8_t*>(p.b_scale), word_bytes,
+                                                               p.b_scale_stride_n, p.n, p.b_scale_cols, blocks, f.words,
+                                                               f.flags);
+  FG_CUDA_CHECK(cudaGetLastError());
+  cache.emplace(key, f);
+  return f;
+}
 
 // Stages (kStageK of K each; FP4 weights take about 7.7 KB per 128 of K at WN = 8 with the prepared scales): about
 // 50 KB (128) or 60 KB (256) per CTA at WN ≤ 16, so that three or four CTAs share an SM; 2 CTAs at WN = 64 (its
@@ -261,6 +305,20 @@ void count_split_finish() { ++split_finishes; }
 long long decode_split_finishes() { return split_finishes.load(); }
 long long fp4_decode_perm_launches() { return perm_launches.load(); }
 long long fp4_decode_pipe_launches() { return pipe_launches.load(); }
+long long fp4_decode_fold_cache_launches() { return fold_cache_launches.load(); }
+void fp4_decode_fold_cache_clear() {
+  std::lock_guard<std::mutex> lock(fold_mutex);
+  if (fold_cache().empty()) return;
+  FG_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto& [key, f] : fold_cache()) {
+    int current = 0;
+    FG_CUDA_CHECK(cudaGetDevice(&current));
+    FG_CUDA_CHECK(cudaSetDevice(std::get<0>(key)));
+    FG_CUDA_CHECK(cudaFree(f.words));
+    FG_CUDA_CHECK(cudaSetDevice(current));
+  }
+  fold_cache().clear();
+}
 long long fp4_decode_perm_wide_launches() { return perm_wide_launches.load(); }
 
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
@@ -348,6 +406,19 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   int* const split_counters = counters;
   p.decode_thread_release = env_switch("FINEGEMM_DECODE_THREAD_RELEASE", true);
   p.fp4_decode_direct = env_switch("FINEGEMM_FP4_DECODE_DIRECT", false);
+  // Prepared fold words: dense FP4 weights with UE8M0 scales (bytes or packed), 128 of K per stage, one preparer, one
+  // activation scale per 128 of K (the fold's condition), not pipelined.
+  if (!c.fp8_weights && !c.perm_k && !c.pipe && c.stage_k == 128 && c.preparers == 1 && groups.slots == 0 &&
+      !p.fp4_decode_direct && p.b_scale_fmt != ScaleFmt::F32 && (p.a_scale == nullptr || p.a_group % kGemmBlockK == 0) &&
+      env_switch("FINEGEMM_FP4_DECODE_FOLD_CACHE", false)) {
+    const FoldWords f = prepared_fold_words(p, device, stream);
+    if (f.words != nullptr) {
+      p.fp4_fold_words = f.words;
+      p.fp4_fold_flags = f.flags;
+      p.fp4_fold_blocks = ceil_div(p.k, kGemmBlockK);
+      ++fold_cache_launches;
+    }
+  }
   if (const char* v = std::getenv("FINEGEMM_DECODE_LOAD_BATCH"); v && *v) {
     const int batch = std::atoi(v);
     if (batch < 1 || batch > 4)

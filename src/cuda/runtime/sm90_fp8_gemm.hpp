@@ -156,6 +156,10 @@ long long fp4_decode_perm_launches();
 // Dense FP4 decode launches with the pipelined consumers (FINEGEMM_FP4_DECODE_PIPE=1; tests).
 long long fp4_decode_pipe_launches();
 long long fp4_decode_perm_wide_launches();
+// Dense FP4 decode launches that took prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=1).
+long long fp4_decode_fold_cache_launches();
+// Frees every prepared fold word allocation (tests: a new weight may take a freed one's address).
+void fp4_decode_fold_cache_clear();
 void count_split_finish();
 // Tile counters for the split-K finish inside a decode kernel (split_finish_in_kernel): `count` ints, zero, for a call
 // on `stream` (eager or captured; sm90_fp4_decode.cu says how they are shared), or nullptr: none left, or an eager
