@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Stop 46, call 2 (carry [".snap/prebuilt.txz", ".snap/c2.sh"]; <= ~300 s): prepared fold words
+# (FINEGEMM_FP4_DECODE_FOLD_CACHE=1, ed0b09f): the test, then the A/B against the default at M = 1, 16, 32, 64 on the
+# two >= 28 MB shapes with FP8 beside, twice; then the FP4 crafted tests that cover the decode kernel's default paths.
+cd "$(dirname "$0")"
+mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
+B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
+el() { echo "($(( $(date +%s) - s0 )) s)"; }
+left() { [ $(( $(date +%s) - s0 )) -lt $1 ]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+show() { python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l); print("  %-18s M=%-4d N=%-6d K=%-6d %-34s graph=%8.2f us ev=%8.2f rel=%.2e" % (r["variant"], r["m"], r["n"], r["k"], (r["env"] or "default"), r["us_graph"] or 0, r["us"], r["rel_err"]))
+' $1; }
+timeout 100 $B/tests/test_cuda_fp4 --gtest_filter='*ExactPreparedFoldWords*' >$W/fp4_pre.log 2>&1
+echo "test rc=$? $(el)"; grep -hE "^\[  (PASSED|FAILED)|Failure|never|not exact" $W/fp4_pre.log | head -8; tail -n 1 $W/fp4_pre.log
+for rep in 1 2; do
+  if left 200; then
+    timeout 70 $B/bench/bench_cuda_linear --m 1,16,32,64 --nk 7168:16384,4096:7168 --variants mxfp4-group128 --envs ";FINEGEMM_FP4_DECODE_FOLD_CACHE=1" >$W/fold_$rep.jsonl 2>$W/fold_$rep.err
+    echo "-- FP4 decode default / prepared fold words, run $rep $(el)"; show $W/fold_$rep.jsonl
+  fi
+done
+if left 230; then
+  timeout 40 $B/bench/bench_cuda_linear --m 1,16,32,64 --nk 7168:16384,4096:7168 --variants block-fp32-dynamic >$W/fp8.jsonl 2>$W/fp8.err
+  echo "-- FP8 beside $(el)"; show $W/fp8.jsonl
+fi
+if left 260; then
+  timeout 120 $B/tests/test_cuda_fp4 --gtest_filter='*ExactDecodePathsSmall*:*ExactFoldSpreads*:*ExactRandomSpreadsWithKTail*:*ExactPipelinedDecode*' >$W/fp4_def.log 2>&1
+  echo "default-path tests rc=$? $(el)"; grep -hE "^\[  (PASSED|FAILED)|Failure" $W/fp4_def.log | head -8; tail -n 1 $W/fp4_def.log
+fi
+cd $OUT && tar czf all.tgz w && rm -rf w
+echo "total $(( $(date +%s) - s0 )) s"
