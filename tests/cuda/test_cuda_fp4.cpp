@@ -849,8 +849,9 @@ TEST_P(Fp4Linear, ExactPipelinedDecode) {
 // (fp4_fold_words_kernel) instead of the scales, and no preparer runs. Blocks that fold and blocks that do not
 // (per-step promotion on the stored scale words), a K tail (608: the last block holds three groups), an N tail tile
 // (208 rows), byte and packed UE8M0 scales, static and group-128 activations, M = 1, 7, 33 and 64, unsplit and split
-// in three. Every call takes the prepared words (the launch counter); the cache is cleared between weights, since a
-// new weight may take a freed one's address.
+// in three; with the preparer warp idle (mode 1) and without it (mode 2, kPreparers = 0). Every call takes the
+// prepared words (the launch counter); the cache is cleared between weights, since a new weight may take a freed
+// one's address.
 TEST_P(Fp4Linear, ExactPreparedFoldWords) {
   if (!gpu()) GTEST_SKIP() << "the prepared fold words are a CUDA path";
   const int mixed[] = {0, 9, 8, 12, kExtreme};
@@ -858,14 +859,15 @@ TEST_P(Fp4Linear, ExactPreparedFoldWords) {
   const Fp4Matrix folding = crafted_matrix(208, 608, [&](int64_t, int64_t) { return uniform_int(0, 8); });
   ASSERT_EQ(count_wide(folding), 0) << "self-check: every block folds";
   ASSERT_GT(count_wide(alternating), 0) << "self-check: some blocks do not fold";
-  for (const char* split : {"", "3"}) {
-    const ScopedEnv cache("FINEGEMM_FP4_DECODE_FOLD_CACHE", "1"), splits("FINEGEMM_FP4_DECODE_SPLIT", split),
+  for (const auto& [mode, split] : std::vector<std::pair<const char*, const char*>>{{"1", ""}, {"1", "3"}, {"2", ""}, {"2", "3"}}) {
+    const ScopedEnv cache("FINEGEMM_FP4_DECODE_FOLD_CACHE", mode), splits("FINEGEMM_FP4_DECODE_SPLIT", split),
         no_gemv("FINEGEMM_FP4_GEMV", "0");
     for (const auto& [what, w] : {std::pair<const char*, const Fp4Matrix*>{"alternating folds", &alternating},
                                   std::pair<const char*, const Fp4Matrix*>{"every block folds", &folding}}) {
       cuda::fp4_decode_fold_cache_clear();
       const long long before = cuda::fp4_decode_fold_cache_launches();
-      check_exact(target(), gpu(), std::string("prepared fold words, ") + what + ", FINEGEMM_FP4_DECODE_SPLIT=" + split,
+      check_exact(target(), gpu(), std::string("prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=") + mode + "), " +
+                  what + ", FINEGEMM_FP4_DECODE_SPLIT=" + split,
                   *w, {1, 7, 33, 64}, {ScaleKind::UE8M0, ScaleKind::UE8M0Packed},
                   {ActKind::Static, ActKind::Group128Pow2, ActKind::PreQuantized128});
       EXPECT_GT(cuda::fp4_decode_fold_cache_launches(), before) << what << ": the prepared words were never taken";

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Stop 46, call 2 (carry [".snap/prebuilt.txz", ".snap/c2.sh"]; <= ~400 s): prepared fold words
-# (FINEGEMM_FP4_DECODE_FOLD_CACHE=1, ed0b09f): the test, then the A/B against the default at M = 1, 16, 32, 64 on the
-# two >= 28 MB shapes with FP8 beside, twice; then the FP4 crafted tests that cover the decode kernel's default paths.
+# Written at stop 46 (no device was lent for it; the next session's first call; carry [".snap/prebuilt.txz",
+# ".snap/c2.sh"] after scripts/pack-prebuilt; <= ~460 s): prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=1: the
+# preparer warp idle; =2: no preparer warp, 7 stages, five CTAs per SM at WN = 8): the test, then the A/B against the
+# default at M = 1, 16, 32, 64 on the two >= 28 MB shapes, twice; issue 3's decode shapes with and without
+# --weights-static (FP8), FP4 with it; then the FP4 crafted tests that cover the decode kernel's default paths.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -18,7 +20,7 @@ timeout 100 $B/tests/test_cuda_fp4 --gtest_filter='*ExactPreparedFoldWords*' >$W
 echo "test rc=$? $(el)"; grep -hE "^\[  (PASSED|FAILED)|Failure|never|not exact" $W/fp4_pre.log | head -8; tail -n 1 $W/fp4_pre.log
 for rep in 1 2; do
   if left 200; then
-    timeout 70 $B/bench/bench_cuda_linear --m 1,16,32,64 --nk 7168:16384,4096:7168 --variants mxfp4-group128 --envs ";FINEGEMM_FP4_DECODE_FOLD_CACHE=1" >$W/fold_$rep.jsonl 2>$W/fold_$rep.err
+    timeout 110 $B/bench/bench_cuda_linear --m 1,16,32,64 --nk 7168:16384,4096:7168 --variants mxfp4-group128 --envs ";FINEGEMM_FP4_DECODE_FOLD_CACHE=1;FINEGEMM_FP4_DECODE_FOLD_CACHE=2" >$W/fold_$rep.jsonl 2>$W/fold_$rep.err
     echo "-- FP4 decode default / prepared fold words, run $rep $(el)"; show $W/fold_$rep.jsonl
   fi
 done
@@ -33,7 +35,7 @@ if left 250; then
   echo "-- FP8, weights_static $(el)"; show $W/fp8_static.jsonl
 fi
 if left 300; then
-  timeout 50 $B/bench/bench_cuda_linear --weights-static --m 1,16,64 --nk 7168:16384,4096:7168 --variants mxfp4-group128 --envs ";FINEGEMM_FP4_DECODE_FOLD_CACHE=1;FINEGEMM_PDL=1,FINEGEMM_FP4_DECODE_FOLD_CACHE=1" >$W/fp4_static.jsonl 2>$W/fp4_static.err
+  timeout 50 $B/bench/bench_cuda_linear --weights-static --m 1,16,64 --nk 7168:16384,4096:7168 --variants mxfp4-group128 --envs ";FINEGEMM_FP4_DECODE_FOLD_CACHE=2;FINEGEMM_PDL=1,FINEGEMM_FP4_DECODE_FOLD_CACHE=2" >$W/fp4_static.jsonl 2>$W/fp4_static.err
   echo "-- FP4, weights_static $(el)"; show $W/fp4_static.jsonl
 fi
 if left 340; then

@@ -54,16 +54,18 @@ inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer 
 // kRows: weight rows per CTA, 64 (one consumer warpgroup) or, for E4M3 weights, 128 (two warpgroups sharing the
 // activation tile: FINEGEMM_DECODE_ROWS=128).
 // kPermK (permuted activations, no preparer): the words only; no fold area, row scales or flags.
-template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kPermK = false>
+// kNoFold (prepared fold words without a preparer warp, kPreparers = 0): no fold area or row scales; the flags stay.
+template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kPermK = false,
+          bool kNoFold = false>
 struct Fp4DecodeSmem {
   static constexpr int kSteps = kStageK / 32;                     // wgmma k32 steps (MX groups) per stage
   static constexpr int kBlocks = kStageK / 128;                   // 128s of K per stage
   static constexpr int kStageX = WN * kStageK;                    // E4M3 activations: kStageK / 128 boxes of WN × 128
   static constexpr int kStageW = kRows * kStageK / (kFp8W ? 1 : 2);  // weights, packed FP4 or E4M3
   static constexpr int kBlockFold = 4 * kFp4DecodeRows * 8;
-  static constexpr int kStageFold = kFp8W || kPermK ? 0 : kBlocks * kBlockFold;
+  static constexpr int kStageFold = kFp8W || kPermK || kNoFold ? 0 : kBlocks * kBlockFold;
   static constexpr int kStageWords = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
-  static constexpr int kStageRowScale = kFp8W || kPermK ? 0 : kBlocks * kFp4DecodeRows * 4;
+  static constexpr int kStageRowScale = kFp8W || kPermK || kNoFold ? 0 : kBlocks * kFp4DecodeRows * 4;
   static constexpr int kStageFlags = kFp8W || kPermK ? 0 : 16;
   static constexpr int kStageXScales = kSteps * WN * 4;  // [kSteps][WN] float
   static constexpr int kFoldTable = 16 * 8;              // rows 0-8: fp4_fold_table_row(d)
@@ -73,7 +75,8 @@ struct Fp4DecodeSmem {
 };
 
 // Threads per CTA: the consumer warpgroups (one per 64 weight rows), the loader warp and (FP4 weights) the preparer
-// warps (kPreparers: 1, or 2 with FINEGEMM_FP4_DECODE_PREPARERS=2; none on permuted activations, kPermK).
+// warps (kPreparers: 1, or 2 with FINEGEMM_FP4_DECODE_PREPARERS=2, or 0 on prepared fold words with
+// FINEGEMM_FP4_DECODE_FOLD_CACHE=2; none on permuted activations, kPermK).
 template <bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1, bool kPermK = false>
 inline constexpr int kFp4DecodeThreads = 2 * kRows + 32 + (kFp8W || kPermK ? 0 : 32 * kPreparers);
 
@@ -310,7 +313,7 @@ template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4
 // WN = 128 (permuted activations, five warps): two CTAs per SM cap the registers at 168 (ptxas spills 4 bytes
 // dense, 36-48 grouped, at 489861e); one CTA per SM would leave five warps on the SM.
 __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>,
-                                  kRows == 128 ? 1 : (WN >= 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? (kPipe ? 2 : 4) : 1)))
+                                  kRows == 128 ? 1 : (WN >= 64 ? 2 : (!kFp8W && WN == 8 && kStageK == 128 ? (kPipe ? 2 : (kPreparers == 0 ? 5 : 4)) : 1)))
     sm90_fp4_decode_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                            const GemmParams p, int split_k, int kb_per_split, bool swizzle, const DecodeGroups groups,
                            int tiles, int* split_counters) {
@@ -320,13 +323,15 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   static_assert(kStageK == 128 || kStageK == 256, "kStageK: 128 or 256");
   static_assert(!kFp8W || kStageK == 128, "E4M3 weights: 128 of K per stage (128-byte rows)");
   static_assert(kRows == 64 || (kRows == 128 && kFp8W), "kRows: 64, or 128 with E4M3 weights");
-  static_assert(kPreparers == 1 || (kPreparers == 2 && !kFp8W && kRows == 64), "kPreparers: 2 with FP4 weights only");
+  static_assert(kPreparers == 1 || (kPreparers == 2 && !kFp8W && kRows == 64) ||
+                    (kPreparers == 0 && !kFp8W && kRows == 64 && !kPermK && !kGrouped && !kPipe && kStageK == 128),
+                "kPreparers: 2 with FP4 weights only; 0 (prepared fold words) dense FP4, 64 rows, 128 of K per stage");
   static_assert(!kPermK || (!kFp8W && kStageK == 128 && kRows == 64 && kPreparers == 1),
                 "kPermK: FP4 weights, 64 rows, 128 of K per stage, no preparer");
   static_assert(!kPipe || (!kFp8W && !kPermK && !kGrouped && kStageK == 128 && kRows == 64 && kPreparers == 1 &&
                            !kSplitFinish),
                 "kPipe: dense FP4 weights, 64 rows, 128 of K per stage, one preparer");
-  using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows, kPermK>;
+  using Smem = Fp4DecodeSmem<WN, kStages, kStageK, kFp8W, kRows, kPermK, kPreparers == 0>;
   constexpr int kConsumerWarps = kRows / 16;  // one warpgroup per 64 weight rows
   constexpr int kLoaderWarp = kConsumerWarps, kPreparerWarp = kConsumerWarps + 1;
   using Mma = ptx::WgmmaFp8RegA<WN>;
@@ -388,10 +393,12 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   // next cp.async into the stage there). landed[s] (FP4): the loader lanes' cp.async copies.
   // Direct (p.fp4_decode_direct) and permuted activations (kPermK): no preparation; the loader's copies complete the
   // full barrier (1 + 32 arrivals) and `landed` is unused.
-  const bool direct = !kFp8W && !kPermK && p.fp4_decode_direct;
+  const bool direct = !kFp8W && !kPermK && kPreparers != 0 && p.fp4_decode_direct;
   // Prepared fold words (p.fp4_fold_words, FINEGEMM_FP4_DECODE_FOLD_CACHE=1): the loader copies the words and the
   // tiles' flags that fp4_fold_words_kernel made once per weight; no preparer, the loader's copies complete `full`.
-  const bool prepared = !kFp8W && !kPermK && !kPipe && !kGrouped && kPreparers == 1 && !direct && p.fp4_fold_words != nullptr;
+  // With kPreparers = 0 (FINEGEMM_FP4_DECODE_FOLD_CACHE=2) the CTA has no preparer warp and no fold area at all.
+  const bool prepared = kPreparers == 0 || (!kFp8W && !kPermK && !kPipe && !kGrouped && kPreparers == 1 && !direct &&
+                                            p.fp4_fold_words != nullptr);
   // In-kernel split-K (p.decode_cluster_reduce, dense launches in clusters of split_k CTAs, one tile each): every
   // thread of the cluster passes two cluster barriers (partials written; partials read). The producer warps pass
   // both on their way out.

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -75,9 +76,11 @@ FoldWords prepared_fold_words(const GemmParams& p, int device, cudaStream_t stre
 // (64 KB of weights in flight on the SM) M = 64 took 66.9 µs against the 64-row kernel's 56.6 (N = 7168, K = 16384).
 // Permuted activations (kPermK, no fold area: about 5.4 KB per stage at WN = 8): 8 stages, and 5 at WN = 128
 // (22.25 KB a stage, ~115 KB a CTA: two CTAs per SM); not measured yet.
-template <int WN, int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, bool kPermK = false>
+// Prepared fold words without a preparer (kNoFold: ~5.4 KB a stage at WN = 8): 7 stages, five CTAs per SM at WN = 8.
+template <int WN, int kStageK, bool kFp8W, int kRows = kFp4DecodeRows, bool kPermK = false, bool kNoFold = false>
 constexpr int kFp4DecodeStages =
-    kPermK ? (WN == 128 ? 5 : 8)
+    kNoFold ? 7
+    : kPermK ? (WN == 128 ? 5 : 8)
     : kRows == 128 ? std::min(10, 216 * 1024 / (WN * 128 + kRows * 128 + 16 * WN + 24))
                    : (kFp8W ? (WN <= 16 ? 6 : 4) : (kStageK == 128 ? 6 : (WN <= 32 ? 4 : 3)));
 
@@ -86,13 +89,14 @@ constexpr int kFp4DecodeStages =
 template <int WN, int kStageK, bool kFp8W, int kRows, bool kGrouped, int kPreparers = 1, bool kSplitFinish = false,
           bool kPermK = false, bool kPipe = false>
 auto fp4_decode_kernel() {
-  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows, kPermK>, kStageK, kFp8W, kRows,
-                                kGrouped, kPreparers, kSplitFinish, kPermK, kPipe>;
+  return sm90_fp4_decode_kernel<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows, kPermK, kPreparers == 0>, kStageK,
+                                kFp8W, kRows, kGrouped, kPreparers, kSplitFinish, kPermK, kPipe>;
 }
 
-template <int WN, int kStageK, bool kFp8W, int kRows, bool kPermK = false>
+template <int WN, int kStageK, bool kFp8W, int kRows, bool kPermK = false, bool kNoFold = false>
 constexpr int fp4_decode_smem() {
-  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows, kPermK>, kStageK, kFp8W, kRows, kPermK>::kBytes;
+  return Fp4DecodeSmem<WN, kFp4DecodeStages<WN, kStageK, kFp8W, kRows, kPermK, kNoFold>, kStageK, kFp8W, kRows, kPermK,
+                       kNoFold>::kBytes;
 }
 
 // Sets the kernel's shared-memory attribute once per device; returns the CTAs per SM it reaches.
@@ -103,7 +107,7 @@ int prepare_kernel(int device) {
   int ctas = ctas_per_sm[slot].load(std::memory_order_relaxed);
   if (ctas == 0 || device >= kMaxDevices) {
     auto kernel = fp4_decode_kernel<WN, kStageK, kFp8W, kRows, false, kPreparers, false, kPermK, kPipe>();
-    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK>();
+    constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK, kPreparers == 0>();
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // The grouped kernel (MoE experts): 128 of K per stage, 64 rows and one preparer (none with kPermK;
     // choose_fp4_decode_config).
@@ -142,6 +146,7 @@ int prepare(const Fp4DecodeConfig& c, int device) {
   if (c.fp8_weights) return c.rows == 128 ? prepare<128, true, 128>(c.wn, device) : prepare<128, true, 64>(c.wn, device);
   if (c.stage_k == 256) return prepare<256, false, 64>(c.wn, device);
   if (c.pipe) return prepare<128, false, 64, 1, false, true>(c.wn, device);
+  if (c.preparers == 0) return prepare<128, false, 64, 0>(c.wn, device);
   return c.preparers == 2 ? prepare<128, false, 64, 2>(c.wn, device) : prepare<128, false, 64>(c.wn, device);
 }
 
@@ -152,7 +157,7 @@ void launch(const CUtensorMap& x, const CUtensorMap& w, const GemmParams& p, con
   if (ctas > INT32_MAX) throw Error("fp4 decode gemm: " + std::to_string(ctas) + " CTAs, more than one grid takes");
   const unsigned grid = static_cast<unsigned>(ctas);
   constexpr int kThreads = kFp4DecodeThreads<kFp8W, kRows, kPreparers, kPermK>;
-  constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK>();
+  constexpr int kSmem = fp4_decode_smem<WN, kStageK, kFp8W, kRows, kPermK, kPreparers == 0>();
   if (split_counters != nullptr && kPreparers != 1)
     throw Error("fp4 decode gemm: the split-K finish in the kernel takes one preparer warp, got " +
                 std::to_string(kPreparers));
@@ -321,6 +326,15 @@ void fp4_decode_fold_cache_clear() {
 }
 long long fp4_decode_perm_wide_launches() { return perm_wide_launches.load(); }
 
+int fp4_decode_fold_cache_mode() {
+  const char* v = std::getenv("FINEGEMM_FP4_DECODE_FOLD_CACHE");
+  if (v == nullptr || *v == '\0' || std::string(v) == "0") return 0;
+  if (std::string(v) == "1") return 1;
+  if (std::string(v) == "2") return 2;
+  throw Error(std::string("FINEGEMM_FP4_DECODE_FOLD_CACHE: expected 0 (off), 1 (prepared words, the preparer warp "
+                          "idle) or 2 (prepared words, no preparer warp), got '") + v + "'");
+}
+
 int fp4_decode_width(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
 
 Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int device, bool fp8_weights, int slots,
@@ -355,6 +369,10 @@ Fp4DecodeConfig choose_fp4_decode_config(int m, int n, int k, int num_sms, int d
       throw Error(std::string("FINEGEMM_FP4_DECODE_PREPARERS: expected 1 or 2, got '") + forced + "'");
     if (!fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k) c.preparers = v;
   }
+  // Prepared fold words without a preparer warp (FINEGEMM_FP4_DECODE_FOLD_CACHE=2): dense FP4, 128 of K per stage;
+  // launch_sm90_fp4_decode falls back to one preparer where the call's recipe does not qualify.
+  if (!fp8_weights && slots == 0 && c.stage_k == 128 && !perm_k && c.preparers == 1 && fp4_decode_fold_cache_mode() == 2)
+    c.preparers = 0;
   // The consumers software-pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1, stop 45, off until measured): dense
   // FP4 launches with 128 of K per stage and one preparer, up to 32 tokens (at WN = 64 the two register sets spill
   // 552 bytes).
@@ -395,22 +413,15 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
   Fp4DecodeConfig c = config;
-  prepare(c, device);
   GemmParams p = params;
-  // The split-K finished by the tile's last CTA (FINEGEMM_DECODE_SPLIT_FINISH=1, off until measured) instead of the
-  // reduce kernel: where there are partials, no cluster reduce, no gate (the reduce kernel's early exit), and counters.
-  int* counters = nullptr;
-  if (c.split_k > 1 && p.workspace != nullptr && !p.decode_cluster_reduce && p.gate == nullptr && c.preparers == 1 &&
-      env_switch("FINEGEMM_DECODE_SPLIT_FINISH", false))
-    counters = claim_split_counters(device, stream, int64_t{c.tiles} * std::max(1, groups.slots));
-  int* const split_counters = counters;
-  p.decode_thread_release = env_switch("FINEGEMM_DECODE_THREAD_RELEASE", true);
   p.fp4_decode_direct = env_switch("FINEGEMM_FP4_DECODE_DIRECT", false);
-  // Prepared fold words: dense FP4 weights with UE8M0 scales (bytes or packed), 128 of K per stage, one preparer, one
-  // activation scale per 128 of K (the fold's condition), not pipelined.
-  if (!c.fp8_weights && !c.perm_k && !c.pipe && c.stage_k == 128 && c.preparers == 1 && groups.slots == 0 &&
+  // Prepared fold words (fp4_decode_fold_cache_mode): dense FP4 weights with UE8M0 scales (bytes or packed), 128 of K
+  // per stage, one preparer (mode 1) or none (mode 2, the config's preparers = 0), one activation scale per 128 of K
+  // (the fold's condition), not pipelined. A call that does not qualify, or whose words cannot be made now (stream
+  // capture before the first eager call), runs with the preparer.
+  if (!c.fp8_weights && !c.perm_k && !c.pipe && c.stage_k == 128 && c.preparers <= 1 && groups.slots == 0 &&
       !p.fp4_decode_direct && p.b_scale_fmt != ScaleFmt::F32 && (p.a_scale == nullptr || p.a_group % kGemmBlockK == 0) &&
-      env_switch("FINEGEMM_FP4_DECODE_FOLD_CACHE", false)) {
+      fp4_decode_fold_cache_mode() != 0) {
     const FoldWords f = prepared_fold_words(p, device, stream);
     if (f.words != nullptr) {
       p.fp4_fold_words = f.words;
@@ -419,6 +430,16 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
       ++fold_cache_launches;
     }
   }
+  if (c.preparers == 0 && p.fp4_fold_words == nullptr) c.preparers = 1;
+  prepare(c, device);
+  // The split-K finished by the tile's last CTA (FINEGEMM_DECODE_SPLIT_FINISH=1, off until measured) instead of the
+  // reduce kernel: where there are partials, no cluster reduce, no gate (the reduce kernel's early exit), and counters.
+  int* counters = nullptr;
+  if (c.split_k > 1 && p.workspace != nullptr && !p.decode_cluster_reduce && p.gate == nullptr && c.preparers == 1 &&
+      env_switch("FINEGEMM_DECODE_SPLIT_FINISH", false))
+    counters = claim_split_counters(device, stream, int64_t{c.tiles} * std::max(1, groups.slots));
+  int* const split_counters = counters;
+  p.decode_thread_release = env_switch("FINEGEMM_DECODE_THREAD_RELEASE", true);
   if (const char* v = std::getenv("FINEGEMM_DECODE_LOAD_BATCH"); v && *v) {
     const int batch = std::atoi(v);
     if (batch < 1 || batch > 4)
@@ -454,6 +475,7 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
     launch_for_width<128, false, kFp4DecodeRows, 1, false, true>(tma_x, tma_w, p, c, groups, split_counters, stream);
     ++pipe_launches;
   }
+  else if (c.preparers == 0) launch_for_width<128, false, kFp4DecodeRows, 0>(tma_x, tma_w, p, c, groups, split_counters, stream);
   else if (c.preparers == 2) launch_for_width<128, false, kFp4DecodeRows, 2>(tma_x, tma_w, p, c, groups, split_counters, stream);
   else launch_for_width<128, false>(tma_x, tma_w, p, c, groups, split_counters, stream);
   FG_CUDA_CHECK(cudaGetLastError());

@@ -101,7 +101,8 @@ struct Fp4DecodeConfig {
   int stage_k = 128;  // K per pipeline stage: 128 or 256 (FINEGEMM_FP4_DECODE_STAGE_K)
   int rows = 64;  // weight rows per CTA: 64, or 128 for E4M3 weights (FINEGEMM_DECODE_ROWS=128: two warpgroups)
   bool swizzle = true;  // swizzled weight tiles (FINEGEMM_FP4_DECODE_SWIZZLE=0: plain, for comparisons)
-  int preparers = 1;  // FP4 scale-preparer warps: 1, or 2 (FINEGEMM_FP4_DECODE_PREPARERS=2; dense, 128 of K per stage)
+  int preparers = 1;  // FP4 scale-preparer warps: 1, 2 (FINEGEMM_FP4_DECODE_PREPARERS=2; dense, 128 of K per stage) or 0
+                      // (prepared fold words, FINEGEMM_FP4_DECODE_FOLD_CACHE=2)
   bool perm_k = false;  // FP4 on permuted activations (GemmParams::a_perm_k): no preparer, 128 of K per stage
   bool pipe = false;  // FP4 consumers pipelined over two stages (FINEGEMM_FP4_DECODE_PIPE=1; dense, 128 of K, 1 preparer)
 };
@@ -160,6 +161,9 @@ long long fp4_decode_perm_wide_launches();
 long long fp4_decode_fold_cache_launches();
 // Frees every prepared fold word allocation (tests: a new weight may take a freed one's address).
 void fp4_decode_fold_cache_clear();
+// FINEGEMM_FP4_DECODE_FOLD_CACHE: 0 off (unset), 1 prepared words with the preparer warp idle, 2 without it; anything
+// else is an error naming the variable.
+int fp4_decode_fold_cache_mode();
 void count_split_finish();
 // Tile counters for the split-K finish inside a decode kernel (split_finish_in_kernel): `count` ints, zero, for a call
 // on `stream` (eager or captured; sm90_fp4_decode.cu says how they are shared), or nullptr: none left, or an eager
