@@ -849,28 +849,43 @@ TEST_P(Fp4Linear, ExactPipelinedDecode) {
 // (fp4_fold_words_kernel) instead of the scales, and no preparer runs. Blocks that fold and blocks that do not
 // (per-step promotion on the stored scale words), a K tail (608: the last block holds three groups), an N tail tile
 // (208 rows), byte and packed UE8M0 scales, static and group-128 activations, M = 1, 7, 33 and 64, unsplit and split
-// in three; with the preparer warp idle (mode 1) and without it (mode 2, kPreparers = 0). Every call takes the
+// in three; with the preparer warp idle (mode 1), without it (mode 2, kPreparers = 0), and on the permuted kernel
+// (FINEGEMM_FP4_DECODE_PERM=1: activations that linear() quantizes, K = 640, since it takes K % 128 == 0). Every
+// weight takes the
 // prepared words (the launch counter); the cache is cleared between weights, since a new weight may take a freed
 // one's address.
 TEST_P(Fp4Linear, ExactPreparedFoldWords) {
   if (!gpu()) GTEST_SKIP() << "the prepared fold words are a CUDA path";
   const int mixed[] = {0, 9, 8, 12, kExtreme};
-  const Fp4Matrix alternating = crafted_matrix(208, 608, [&](int64_t, int64_t b) { return mixed[b]; });
-  const Fp4Matrix folding = crafted_matrix(208, 608, [&](int64_t, int64_t) { return uniform_int(0, 8); });
-  ASSERT_EQ(count_wide(folding), 0) << "self-check: every block folds";
-  ASSERT_GT(count_wide(alternating), 0) << "self-check: some blocks do not fold";
-  for (const auto& [mode, split] : std::vector<std::pair<const char*, const char*>>{{"1", ""}, {"1", "3"}, {"2", ""}, {"2", "3"}}) {
-    const ScopedEnv cache("FINEGEMM_FP4_DECODE_FOLD_CACHE", mode), splits("FINEGEMM_FP4_DECODE_SPLIT", split),
-        no_gemv("FINEGEMM_FP4_GEMV", "0");
-    for (const auto& [what, w] : {std::pair<const char*, const Fp4Matrix*>{"alternating folds", &alternating},
-                                  std::pair<const char*, const Fp4Matrix*>{"every block folds", &folding}}) {
+  auto weights_of = [&](int64_t k) {
+    std::vector<std::pair<std::string, Fp4Matrix>> out;
+    out.emplace_back("alternating folds", crafted_matrix(208, k, [&](int64_t, int64_t b) { return mixed[b % 5]; }));
+    out.emplace_back("every block folds", crafted_matrix(208, k, [&](int64_t, int64_t) { return uniform_int(0, 8); }));
+    EXPECT_GT(count_wide(out[0].second), 0) << "self-check: some blocks do not fold";
+    EXPECT_EQ(count_wide(out[1].second), 0) << "self-check: every block folds";
+    return out;
+  };
+  const auto tail_k = weights_of(608), whole_k = weights_of(640);
+  struct Case {
+    const char *mode, *split;
+    bool perm;
+  };
+  for (const Case& c : std::vector<Case>{{"1", "", false}, {"1", "3", false}, {"2", "", false}, {"2", "3", false},
+                                         {"1", "", true}, {"1", "3", true}}) {
+    const ScopedEnv cache("FINEGEMM_FP4_DECODE_FOLD_CACHE", c.mode), splits("FINEGEMM_FP4_DECODE_SPLIT", c.split),
+        no_gemv("FINEGEMM_FP4_GEMV", "0"), perm("FINEGEMM_FP4_DECODE_PERM", c.perm ? "1" : "0");
+    for (const auto& [what, w] : c.perm ? whole_k : tail_k) {
       cuda::fp4_decode_fold_cache_clear();
-      const long long before = cuda::fp4_decode_fold_cache_launches();
-      check_exact(target(), gpu(), std::string("prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=") + mode + "), " +
-                  what + ", FINEGEMM_FP4_DECODE_SPLIT=" + split,
-                  *w, {1, 7, 33, 64}, {ScaleKind::UE8M0, ScaleKind::UE8M0Packed},
-                  {ActKind::Static, ActKind::Group128Pow2, ActKind::PreQuantized128});
+      const long long before = cuda::fp4_decode_fold_cache_launches(), perm_before = cuda::fp4_decode_perm_launches();
+      // The permuted kernel takes activations that linear() quantizes (static and group-128 here).
+      const std::vector<ActKind> acts = c.perm ? std::vector<ActKind>{ActKind::Static, ActKind::Group128Pow2}
+                                               : std::vector<ActKind>{ActKind::Static, ActKind::Group128Pow2,
+                                                                      ActKind::PreQuantized128};
+      check_exact(target(), gpu(), std::string("prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=") + c.mode +
+                  (c.perm ? ", permuted" : "") + "), " + what + ", FINEGEMM_FP4_DECODE_SPLIT=" + c.split,
+                  w, {1, 7, 33, 64}, {ScaleKind::UE8M0, ScaleKind::UE8M0Packed}, acts);
       EXPECT_GT(cuda::fp4_decode_fold_cache_launches(), before) << what << ": the prepared words were never taken";
+      if (c.perm) EXPECT_GT(cuda::fp4_decode_perm_launches(), perm_before) << what << ": the permuted kernel never ran";
       cuda::fp4_decode_fold_cache_clear();
     }
   }
@@ -1683,6 +1698,60 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
 // by the loader's extra lanes. One expert promotes everywhere (its tiles take the four chains), one mixes, two fold.
 // Unsplit, split in 2 along K (the reduce kernel) and split with the in-kernel finish; against the reference with the
 // MoE bar, with the launch counts of the permuted kernel (both GEMMs, both on 128-token tiles).
+// The permuted MoE decode kernel on prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=1): every expert's words at
+// once; each row's distance and e_max from its word, the tile's fold from its flag, no vote. The same decision and
+// tables as the kernel's own fold, so the same bits as without the words, for experts that fold (0, 2, 4, 5), one
+// that never does (1: spreads of 9-24) and one with random spreads (3); byte and packed UE8M0 scales; T = 1 and 12.
+TEST_P(Fp4Moe, PermutedDecodePreparedFoldWordsSameBits) {
+  if (!gpu()) GTEST_SKIP() << "the prepared fold words are a CUDA path";
+  const int64_t hidden = 512, inter = 256, experts = 6, top_k = 2;
+  for (ScaleKind kind : {ScaleKind::UE8M0, ScaleKind::UE8M0Packed}) {
+    const ExpertWeights gate_up = make_experts(experts, 2 * inter, hidden, kind, {1}, {3});
+    const ExpertWeights down = make_experts(experts, hidden, inter, kind, {1}, {3});
+    for (int64_t tokens : {1, 12}) {
+      SCOPED_TRACE(std::string(scale_kind_name(kind)) + " T=" + std::to_string(tokens));
+      Buffer index(DType::I32, {tokens, top_k}), weights(DType::F32, {tokens, top_k});
+      for (int64_t t = 0; t < tokens; ++t) {
+        const int32_t first = static_cast<int32_t>(uniform_int(0, experts - 1));
+        const int32_t second = static_cast<int32_t>((first + uniform_int(1, experts - 1)) % experts);
+        index.ptr<int32_t>()[t * top_k] = first;
+        index.ptr<int32_t>()[t * top_k + 1] = second;
+        for (int64_t j = 0; j < top_k; ++j)
+          weights.ptr<float>()[t * top_k + j] = std::uniform_real_distribution<float>(0.1f, 1.0f)(testing::rng());
+      }
+      const Buffer x = testing::random_tensor(DType::BF16, {tokens, hidden});
+      MoeArgs a = fp4_moe_args(x, index, weights, gate_up, down, kind, ActivationRecipe::per_token_group(128));
+      a.activation = MoeActivation::SwiGLU;
+      Buffer ref(DType::F32, {tokens, hidden});
+      testing::poison(ref);
+      a.out = ref;
+      moe_experts(a, {Backend::Reference});
+      Buffer out_shape(DType::F32, {tokens, hidden});
+      a.out = out_shape;
+      MoeBar bar{a, ref};
+      const ScopedEnv decode_path("FINEGEMM_MOE_DECODE", "1"), permuted("FINEGEMM_FP4_DECODE_PERM", "1");
+      cuda::fp4_decode_fold_cache_clear();
+      const Buffer plain = [&] {
+        const ScopedEnv off("FINEGEMM_FP4_DECODE_FOLD_CACHE", "0");
+        return run_moe(a, target());
+      }();
+      const long long before = cuda::fp4_decode_fold_cache_launches(), perm = cuda::fp4_decode_perm_launches();
+      const Buffer prepared = [&] {  // run_moe writes into a poisoned buffer
+        const ScopedEnv on("FINEGEMM_FP4_DECODE_FOLD_CACHE", "1");
+        return run_moe(a, target());
+      }();
+      cuda::fp4_decode_fold_cache_clear();
+      EXPECT_EQ(cuda::fp4_decode_fold_cache_launches() - before, 2) << "gate_up and down on the prepared words";
+      EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm, 2) << "gate_up and down on the permuted kernel";
+      const auto cmp = testing::compare(prepared, ref);
+      EXPECT_EQ(cmp.non_finite, 0);
+      EXPECT_LE(cmp.rel, bar(cmp.rel));
+      ASSERT_EQ(plain.bytes.size(), prepared.bytes.size());
+      EXPECT_TRUE(plain.bytes == prepared.bytes) << "the prepared words changed the bits";
+    }
+  }
+}
+
 TEST_P(Fp4Moe, PermutedDecodeWideTokenTiles) {
   if (!gpu()) GTEST_SKIP() << "the permuted decode is a CUDA path";
   const int64_t hidden = 512, inter = 256, experts = 6, top_k = 2, tokens = 300;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Written at stop 46 (no device was lent for it; the next session's first call; carry [".snap/prebuilt.txz",
-# ".snap/c2.sh"] after scripts/pack-prebuilt; <= ~460 s): prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=1: the
+# ".snap/c2.sh"] after scripts/pack-prebuilt; <= ~540 s): prepared fold words (FINEGEMM_FP4_DECODE_FOLD_CACHE=1: the
 # preparer warp idle; =2: no preparer warp, 7 stages, five CTAs per SM at WN = 8): the test, then the A/B against the
 # default at M = 1, 16, 32, 64 on the two >= 28 MB shapes, twice; issue 3's decode shapes with and without
 # --weights-static (FP8), FP4 with it; then the FP4 crafted tests that cover the decode kernel's default paths.
@@ -16,7 +16,7 @@ for l in open(sys.argv[1]):
     if l.startswith("{"):
         r = json.loads(l); print("  %-18s M=%-4d N=%-6d K=%-6d %-34s graph=%8.2f us ev=%8.2f rel=%.2e" % (r["variant"], r["m"], r["n"], r["k"], (r["env"] or "default"), r["us_graph"] or 0, r["us"], r["rel_err"]))
 ' $1; }
-timeout 100 $B/tests/test_cuda_fp4 --gtest_filter='*ExactPreparedFoldWords*' >$W/fp4_pre.log 2>&1
+timeout 120 $B/tests/test_cuda_fp4 --gtest_filter='*ExactPreparedFoldWords*:*PermutedDecodePreparedFoldWordsSameBits*' >$W/fp4_pre.log 2>&1
 echo "test rc=$? $(el)"; grep -hE "^\[  (PASSED|FAILED)|Failure|never|not exact" $W/fp4_pre.log | head -8; tail -n 1 $W/fp4_pre.log
 for rep in 1 2; do
   if left 200; then
@@ -38,7 +38,14 @@ if left 300; then
   timeout 50 $B/bench/bench_cuda_linear --weights-static --m 1,16,64 --nk 7168:16384,4096:7168 --variants mxfp4-group128 --envs ";FINEGEMM_FP4_DECODE_FOLD_CACHE=2;FINEGEMM_PDL=1,FINEGEMM_FP4_DECODE_FOLD_CACHE=2" >$W/fp4_static.jsonl 2>$W/fp4_static.err
   echo "-- FP4, weights_static $(el)"; show $W/fp4_static.jsonl
 fi
-if left 340; then
+# The MoE decode path (DeepSeek-V3 FP4 experts, T = 1 and 16, permuted kernel) with and without the prepared words.
+if left 330; then
+  for e in FINEGEMM_FP4_DECODE_FOLD_CACHE=0 FINEGEMM_FP4_DECODE_FOLD_CACHE=1; do
+    env $e timeout 40 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1,16 --recipes fp4 --check-tokens 1 >$W/moe_${e##*=}.log 2>&1
+    echo "-- MoE decode FP4, $e $(el)"; grep -hE '^\{' $W/moe_${e##*=}.log | cut -c1-240 | head -4
+  done
+fi
+if left 380; then
   timeout 120 $B/tests/test_cuda_fp4 --gtest_filter='*ExactDecodePathsSmall*:*ExactFoldSpreads*:*ExactRandomSpreadsWithKTail*:*ExactPipelinedDecode*' >$W/fp4_def.log 2>&1
   echo "default-path tests rc=$? $(el)"; grep -hE "^\[  (PASSED|FAILED)|Failure" $W/fp4_def.log | head -8; tail -n 1 $W/fp4_def.log
 fi

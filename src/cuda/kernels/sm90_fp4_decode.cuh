@@ -53,7 +53,8 @@ inline constexpr int kFp4DecodeRows = 64;  // weight rows per CTA (one consumer 
 // and the activation scales [kSteps][WN] float.
 // kRows: weight rows per CTA, 64 (one consumer warpgroup) or, for E4M3 weights, 128 (two warpgroups sharing the
 // activation tile: FINEGEMM_DECODE_ROWS=128).
-// kPermK (permuted activations, no preparer): the words only; no fold area, row scales or flags.
+// kPermK (permuted activations, no preparer): the words (and the flags, for prepared fold words); no fold area or
+// row scales.
 // kNoFold (prepared fold words without a preparer warp, kPreparers = 0): no fold area or row scales; the flags stay.
 template <int WN, int kStages, int kStageK, bool kFp8W = false, int kRows = kFp4DecodeRows, bool kPermK = false,
           bool kNoFold = false>
@@ -66,7 +67,7 @@ struct Fp4DecodeSmem {
   static constexpr int kStageFold = kFp8W || kPermK || kNoFold ? 0 : kBlocks * kBlockFold;
   static constexpr int kStageWords = kFp8W ? 0 : kBlocks * kFp4DecodeRows * 4;
   static constexpr int kStageRowScale = kFp8W || kPermK || kNoFold ? 0 : kBlocks * kFp4DecodeRows * 4;
-  static constexpr int kStageFlags = kFp8W || kPermK ? 0 : 16;
+  static constexpr int kStageFlags = kFp8W ? 0 : 16;  // kPermK: for prepared fold words only
   static constexpr int kStageXScales = kSteps * WN * 4;  // [kSteps][WN] float
   static constexpr int kFoldTable = 16 * 8;              // rows 0-8: fp4_fold_table_row(d)
   static constexpr int kBytes = kStages * (kStageX + kStageW + kStageFold + kStageWords + kStageRowScale + kStageFlags +
@@ -242,9 +243,15 @@ __device__ __forceinline__ void fp4_decode_prepare_scales(const GemmParams& p, b
 // where every row's valid scales lie within 2^8 of its largest. Folding rows get their distances and e_max
 // (GemmParams::fp4_fold_words), the others their scale word as stored. UE8M0 bytes (word_bytes 1, 4-byte aligned rows
 // of a multiple of 4 groups) or packed UE8M0 (word_bytes 4).
-__global__ void fp4_fold_words_kernel(const uint8_t* scale, int word_bytes, int64_t stride_n, int n, int scale_cols,
-                                      int blocks, uint32_t* words, uint32_t* flags) {
+// Grouped (MoE experts, blockIdx.z): the group's scales start group_stride scales on, its words n rows on, its flags
+// gridDim.x tiles on.
+__global__ void fp4_fold_words_kernel(const uint8_t* scale, int word_bytes, int64_t stride_n, int64_t group_stride,
+                                      int n, int scale_cols, int blocks, uint32_t* words, uint32_t* flags) {
   const int tile = static_cast<int>(blockIdx.x), q = static_cast<int>(blockIdx.y), lane = static_cast<int>(threadIdx.x);
+  const int64_t group = blockIdx.z;
+  scale += group * group_stride * word_bytes;
+  words += group * n * blocks;
+  flags += group * gridDim.x * blocks;
   const int last_word = 4 * ((scale_cols + 3) / 4) - 4;
   const int valid = scale_cols - q * 4;
   const bool whole = valid >= 4;
@@ -399,6 +406,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
   // With kPreparers = 0 (FINEGEMM_FP4_DECODE_FOLD_CACHE=2) the CTA has no preparer warp and no fold area at all.
   const bool prepared = kPreparers == 0 || (!kFp8W && !kPermK && !kPipe && !kGrouped && kPreparers == 1 && !direct &&
                                             p.fp4_fold_words != nullptr);
+  // Permuted activations (dense or grouped) on prepared fold words: the same copies; the consumers take each row's
+  // distance and e_max from its word and the tile's fold from the flag, with no vote.
+  const bool perm_prepared = kPermK && p.fp4_fold_words != nullptr;
   // In-kernel split-K (p.decode_cluster_reduce, dense launches in clusters of split_k CTAs, one tile each): every
   // thread of the cluster passes two cluster barriers (partials written; partials read). The producer warps pass
   // both on their way out.
@@ -547,11 +557,13 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         for (int h = 0; h < 2; ++h) {
           if (kFp8W) {
             // E4M3 weights: the consumers load the tile's block scale themselves.
-          } else if (prepared) {
+          } else if (prepared || perm_prepared) {
+            // Prepared words: [groups][n][blocks] (the group's rows start at w_row0).
 #pragma unroll
             for (int q = 0; q < kBlocks; ++q)
               ptx::cp_async_4(smem_words + stage * kBlocks * kFp4DecodeRows + q * kFp4DecodeRows + lane + 32 * h,
-                              p.fp4_fold_words + static_cast<int64_t>(w_rows[h]) * p.fp4_fold_blocks + kb * kBlocks + q);
+                              p.fp4_fold_words + static_cast<int64_t>(w_row0 + w_rows[h]) * p.fp4_fold_blocks +
+                                  kb * kBlocks + q);
           } else if (word_scales) {
 #pragma unroll
             for (int q = 0; q < kBlocks; ++q)
@@ -591,9 +603,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
             }
           }
         }
-        if (prepared && lane < kBlocks)
+        if ((prepared || perm_prepared) && lane < kBlocks)  // flags: [groups][tiles][blocks]
           ptx::cp_async_4(smem_flags + stage * 4 + lane,
-                          p.fp4_fold_flags + static_cast<int64_t>(tile) * p.fp4_fold_blocks + kb * kBlocks + lane);
+                          p.fp4_fold_flags + (static_cast<int64_t>(group) * tiles + tile) * p.fp4_fold_blocks +
+                              kb * kBlocks + lane);
         ptx::cp_async_mbar_arrive_noinc(kFp8W || kPermK || direct || prepared ? &full[stage] : &landed[stage]);
       }
     }
@@ -725,9 +738,21 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
         const Chunk16 codes1 = *reinterpret_cast<const Chunk16*>(wt + chunk_off[1]);
         const uint32_t word[2] = {words[r0], words[r0 + 8]};
         int emax[2], dist[2];
-        bool fold = fp4_perm_fold(word[0], t, emax[0], dist[0]);
-        fold = fp4_perm_fold(word[1], t, emax[1], dist[1]) && fold;
-        fold = ptx::named_bar_red_and<2, 32 * kConsumerWarps>(fold);
+        bool fold;
+        if (perm_prepared) {
+          // The tile's fold from its flag (broadcast from lane 0: warp-uniform for ptxas), each row's group-t distance
+          // and e_max from its prepared word (a tile that does not fold has the stored scale words).
+          fold = __shfl_sync(0xffffffffu, smem_flags[stage * 4] != 0u ? 1 : 0, 0) != 0;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            emax[h] = static_cast<int>((word[h] >> 16) & 0xFFu);
+            dist[h] = static_cast<int>((word[h] >> (4 * t)) & 0xFu);
+          }
+        } else {
+          fold = fp4_perm_fold(word[0], t, emax[0], dist[0]);
+          fold = fp4_perm_fold(word[1], t, emax[1], dist[1]) && fold;
+          fold = ptx::named_bar_red_and<2, 32 * kConsumerWarps>(fold);
+        }
         if constexpr (WN <= 64) {
 #pragma unroll
           for (int j = 0; j < WN / 8; ++j)

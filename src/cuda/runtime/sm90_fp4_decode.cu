@@ -33,7 +33,8 @@ struct FoldWords {
   uint32_t* words = nullptr;  // [n][blocks]
   uint32_t* flags = nullptr;  // [tiles][blocks]
 };
-using FoldKey = std::tuple<int, const void*, int, int, int, int64_t>;  // device, scales, format, n, scale cols, stride
+// device, scales, format, n, scale columns, row stride, group stride, groups
+using FoldKey = std::tuple<int, const void*, int, int, int, int64_t, int64_t, int>;
 std::mutex fold_mutex;
 std::map<FoldKey, FoldWords>& fold_cache() {
   static auto* cache = new std::map<FoldKey, FoldWords>;  // never destroyed: the words live as long as the process
@@ -41,17 +42,21 @@ std::map<FoldKey, FoldWords>& fold_cache() {
 }
 
 // The prepared words for this call's weight scales, or {} where the call does not qualify or cannot prepare them now.
-FoldWords prepared_fold_words(const GemmParams& p, int device, cudaStream_t stream) {
+// Grouped weights (MoE experts, `groups` > 1) get every group's words at once.
+FoldWords prepared_fold_words(const GemmParams& p, int groups, int device, cudaStream_t stream) {
   const int blocks = ceil_div(p.k, kGemmBlockK);
   const int tiles = ceil_div(p.n, kFp4DecodeRows);
-  const FoldKey key{device, p.b_scale, static_cast<int>(p.b_scale_fmt), p.n, p.b_scale_cols, p.b_scale_stride_n};
+  const int64_t group_stride = groups > 1 ? p.b_scale_group_stride : 0;
+  const FoldKey key{device, p.b_scale, static_cast<int>(p.b_scale_fmt), p.n, p.b_scale_cols, p.b_scale_stride_n,
+                    group_stride, groups};
   std::lock_guard<std::mutex> lock(fold_mutex);
   auto& cache = fold_cache();
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   if (status != cudaStreamCaptureStatusNone) return {};
-  const size_t word_count = static_cast<size_t>(p.n) * blocks, flag_count = static_cast<size_t>(tiles) * blocks;
+  const size_t word_count = static_cast<size_t>(groups) * p.n * blocks;
+  const size_t flag_count = static_cast<size_t>(groups) * tiles * blocks;
   void* base = nullptr;
   if (cudaMalloc(&base, sizeof(uint32_t) * (word_count + flag_count)) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -59,9 +64,9 @@ FoldWords prepared_fold_words(const GemmParams& p, int device, cudaStream_t stre
   }
   FoldWords f{static_cast<uint32_t*>(base), static_cast<uint32_t*>(base) + word_count};
   const int word_bytes = p.b_scale_fmt == ScaleFmt::UE8M0 ? 1 : 4;
-  fp4_fold_words_kernel<<<dim3(tiles, blocks), 32, 0, stream>>>(static_cast<const uint8_t*>(p.b_scale), word_bytes,
-                                                               p.b_scale_stride_n, p.n, p.b_scale_cols, blocks, f.words,
-                                                               f.flags);
+  fp4_fold_words_kernel<<<dim3(tiles, blocks, groups), 32, 0, stream>>>(static_cast<const uint8_t*>(p.b_scale),
+                                                                       word_bytes, p.b_scale_stride_n, group_stride, p.n,
+                                                                       p.b_scale_cols, blocks, f.words, f.flags);
   FG_CUDA_CHECK(cudaGetLastError());
   cache.emplace(key, f);
   return f;
@@ -417,12 +422,15 @@ bool launch_sm90_fp4_decode(const void* a, int64_t lda, const void* b, int64_t l
   p.fp4_decode_direct = env_switch("FINEGEMM_FP4_DECODE_DIRECT", false);
   // Prepared fold words (fp4_decode_fold_cache_mode): dense FP4 weights with UE8M0 scales (bytes or packed), 128 of K
   // per stage, one preparer (mode 1) or none (mode 2, the config's preparers = 0), one activation scale per 128 of K
-  // (the fold's condition), not pipelined. A call that does not qualify, or whose words cannot be made now (stream
-  // capture before the first eager call), runs with the preparer.
-  if (!c.fp8_weights && !c.perm_k && !c.pipe && c.stage_k == 128 && c.preparers <= 1 && groups.slots == 0 &&
-      !p.fp4_decode_direct && p.b_scale_fmt != ScaleFmt::F32 && (p.a_scale == nullptr || p.a_group % kGemmBlockK == 0) &&
-      fp4_decode_fold_cache_mode() != 0) {
-    const FoldWords f = prepared_fold_words(p, device, stream);
+  // (the fold's condition), not pipelined; and the permuted kernel, dense or grouped (its recipe qualifies by
+  // construction: fp4_decode_perm_ok). A call that does not qualify, or whose words cannot be made now (stream
+  // capture before the first eager call), runs as it would without them.
+  const bool plain_ok = !c.fp8_weights && !c.perm_k && !c.pipe && c.stage_k == 128 && c.preparers <= 1 &&
+                        groups.slots == 0 && !p.fp4_decode_direct && p.b_scale_fmt != ScaleFmt::F32 &&
+                        (p.a_scale == nullptr || p.a_group % kGemmBlockK == 0);
+  const bool perm_ok = c.perm_k && p.a_perm_k && p.b_scale_fmt != ScaleFmt::F32;
+  if ((plain_ok || perm_ok) && fp4_decode_fold_cache_mode() != 0) {
+    const FoldWords f = prepared_fold_words(p, groups.slots > 0 ? std::max(1, groups.num_groups) : 1, device, stream);
     if (f.words != nullptr) {
       p.fp4_fold_words = f.words;
       p.fp4_fold_flags = f.flags;
