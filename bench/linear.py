@@ -103,6 +103,10 @@ def main():
                     help="graph replay up to this M (default: every M; stop 24's tables used 128)")
     ap.add_argument("--nk", default=None,
                     help="only these (N, K) shapes, e.g. 32768:512,4096:7168 (default: the seven of RECIPES.md)")
+    ap.add_argument("--weights-static", action="store_true",
+                    help="pass RunOptions::weights_static to finegemm (the serving promise: the kernel ahead of a "
+                         "call does not write its weights, so a decode call requests its first weight tiles before "
+                         "it waits); cuBLASLt's rows are the same either way")
     ap.add_argument("--envs", default=None,
                     help="finegemm's bench runs each configuration once per environment in this ';' list "
                          "(e.g. ';FINEGEMM_GEMM_LEAN_PAIR=a', the first empty: the defaults), each row compared "
@@ -123,6 +127,8 @@ def main():
         cmd += ["--nk", args.nk]
     if args.envs is not None:
         cmd += ["--envs", args.envs]
+    if args.weights_static:
+        cmd.append("--weights-static")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     ours = []
     stopped = False
