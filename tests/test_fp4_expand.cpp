@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "core/formats.hpp"
@@ -325,6 +326,47 @@ TEST(Fp4PermutedDecode, FragmentsOnPermutedActivationsAreTheDotProduct) {
   }
   EXPECT_EQ(fold_trials, 32);
   EXPECT_EQ(pass_trials, 16);
+}
+
+// The prepared fold words (fp4_fold_word, made by fp4_fold_words_kernel and read by the decode consumers): for
+// every spread 0..12 of 1-4 valid groups (exponents near 0, mid-range and near 255, in every order), the word's test,
+// distances and e_max are those of the preparer warp (fp4_decode_prepare_scales: the valid groups' largest, each
+// valid group's distance below it, 0 past K, folding where the spread is at most 8) and, with four valid groups, of
+// the permuted kernel's own fold (fp4_perm_fold) for every thread t of a quad.
+TEST(Fp4FoldWords, MatchThePreparerAndThePermutedFold) {
+  std::mt19937 rng(46);
+  int folds = 0, wide = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int valid = 1 + trial % 4;
+    const int spread = (trial / 4) % 13;
+    const int base = trial % 3 == 0 ? 0 : (trial % 3 == 1 ? 120 : 255 - spread);
+    int e[4];
+    for (int j = 0; j < 4; ++j) e[j] = base + static_cast<int>(rng() % (spread + 1));
+    e[rng() % 4] = base;                         // the spread reached (for a valid group once shuffled below)
+    e[rng() % 4] = base + spread;
+    std::shuffle(e, e + 4, rng);
+    uint32_t raw = 0;
+    for (int j = 0; j < 4; ++j) raw |= static_cast<uint32_t>(e[j]) << (8 * j);
+    int hi = 0, lo = 255;
+    for (int j = 0; j < valid; ++j) hi = std::max(hi, e[j]), lo = std::min(lo, e[j]);
+    bool ok = false;
+    const uint32_t word = fp4_fold_word(raw, valid, ok);
+    ASSERT_EQ(ok, hi - lo <= 8) << "trial " << trial;
+    (ok ? folds : wide) += 1;
+    if (!ok) continue;  // a tile with such a row keeps its stored scale words
+    ASSERT_EQ(fp4_fold_word_emax(word), hi);
+    for (int j = 0; j < 4; ++j) ASSERT_EQ(fp4_fold_word_dist(word, j), j < valid ? hi - e[j] : 0) << "group " << j;
+    if (valid == 4) {
+      for (int t = 0; t < 4; ++t) {
+        int emax = -1, dist = -1;
+        ASSERT_TRUE(fp4_perm_fold(raw, t, emax, dist));
+        ASSERT_EQ(fp4_fold_word_emax(word), emax);
+        ASSERT_EQ(fp4_fold_word_dist(word, t), dist);
+      }
+    }
+  }
+  EXPECT_GT(folds, 1000) << "self-check: rows that fold";
+  EXPECT_GT(wide, 1000) << "self-check: rows that do not";
 }
 
 }  // namespace

@@ -130,6 +130,29 @@ FG_HD bool fp4_perm_fold(uint32_t word, int t, int& emax, int& d) {
   return emax - emin <= 8;
 }
 
+// The prepared fold word of one row and 128 of K (FINEGEMM_FP4_DECODE_FOLD_CACHE: fp4_fold_words_kernel, read by the
+// decode kernels' consumers), from the row's stored scale word `raw` (byte j: MX group j's UE8M0 exponent) with
+// `valid` of its four groups inside K (1-4; past K a group's codes are zero and its distance 0). `ok`: the valid
+// groups lie within 2^8 of their largest, e_max, i.e. the row folds (fp4_decode_prepare_scales' test). The word:
+// group j's distance e_max - e_j in bits 4j..4j+3, e_max in bits 16-23 (meaningful where the row folds; a tile with a
+// row that does not fold keeps the stored words).
+FG_HD uint32_t fp4_fold_word(uint32_t raw, int valid, bool& ok) {
+  int hi = 0, lo = 255;
+  for (int j = 0; j < 4; ++j) {
+    const int e = static_cast<int>((raw >> (8 * j)) & 0xFFu);
+    if (j < valid) hi = e > hi ? e : hi, lo = e < lo ? e : lo;
+  }
+  ok = hi - lo <= 8;
+  uint32_t word = static_cast<uint32_t>(hi) << 16;
+  for (int j = 0; j < 4; ++j) {
+    const int d = hi - static_cast<int>((raw >> (8 * j)) & 0xFFu);
+    if (j < valid && d <= 8) word |= static_cast<uint32_t>(d) << (4 * j);
+  }
+  return word;
+}
+FG_HD int fp4_fold_word_dist(uint32_t word, int j) { return static_cast<int>((word >> (4 * j)) & 0xFu); }
+FG_HD int fp4_fold_word_emax(uint32_t word) { return static_cast<int>((word >> 16) & 0xFFu); }
+
 // ---- The lean GEMM's in-kernel FP4 expansion (sm90_fp8_gemm_lean.cuh, kFp4B).
 // A K block (128 of K) of a 128-row weight tile arrives packed, 64 bytes a row, by TMA with the 64-byte swizzle: the
 // 16-byte chunk c (MX group c, 32 codes) of row r at c ^ ((r >> 1) & 3). It goes out as E4M3, 128 bytes a row, in the

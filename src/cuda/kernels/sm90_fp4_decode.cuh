@@ -262,18 +262,9 @@ __global__ void fp4_fold_words_kernel(const uint8_t* scale, int word_bytes, int6
     const int row = min(tile * kFp4DecodeRows + lane + 32 * h, n - 1);
     raw[h] = *reinterpret_cast<const uint32_t*>(scale + static_cast<int64_t>(row) * stride_n * word_bytes +
                                                 min(4 * q, last_word));
-    int e[4], hi = 0, lo = 255;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      e[j] = static_cast<int>((raw[h] >> (8 * j)) & 0xFFu);
-      if (whole || j < valid) hi = max(hi, e[j]), lo = min(lo, e[j]);
-    }
-    ok = ok && hi - lo <= 8;
-    uint32_t f = static_cast<uint32_t>(hi) << 16;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (whole || j < valid) f |= static_cast<uint32_t>(hi - e[j] <= 8 ? hi - e[j] : 0) << (4 * j);
-    fold[h] = f;
+    bool row_ok = false;
+    fold[h] = fp4_fold_word(raw[h], whole ? 4 : valid, row_ok);
+    ok = ok && row_ok;
   }
   const bool vote = __all_sync(0xFFFFFFFFu, ok);
 #pragma unroll
@@ -745,8 +736,8 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
           fold = __shfl_sync(0xffffffffu, smem_flags[stage * 4] != 0u ? 1 : 0, 0) != 0;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            emax[h] = static_cast<int>((word[h] >> 16) & 0xFFu);
-            dist[h] = static_cast<int>((word[h] >> (4 * t)) & 0xFu);
+            emax[h] = fp4_fold_word_emax(word[h]);
+            dist[h] = fp4_fold_word_dist(word[h], t);
           }
         } else {
           fold = fp4_perm_fold(word[0], t, emax[0], dist[0]);
@@ -1015,9 +1006,9 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
               const uint32_t w0 = words[r0], w1 = words[r0 + 8];
 #pragma unroll
               for (int j = 0; j < 4; ++j)
-                fp4_fragment_expand(raw[j], fold_tab[(w0 >> (4 * j)) & 0xFu], fold_tab[(w1 >> (4 * j)) & 0xFu], a[j]);
-              row_scale[0] = ue8m0_bits_to_float((w0 >> 16) & 0xFFu);
-              row_scale[1] = ue8m0_bits_to_float((w1 >> 16) & 0xFFu);
+                fp4_fragment_expand(raw[j], fold_tab[fp4_fold_word_dist(w0, j)], fold_tab[fp4_fold_word_dist(w1, j)], a[j]);
+              row_scale[0] = ue8m0_bits_to_float(static_cast<uint32_t>(fp4_fold_word_emax(w0)));
+              row_scale[1] = ue8m0_bits_to_float(static_cast<uint32_t>(fp4_fold_word_emax(w1)));
             } else {
 #pragma unroll
               for (int j = 0; j < 4; ++j)
