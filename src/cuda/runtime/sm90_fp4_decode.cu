@@ -319,14 +319,13 @@ long long fp4_decode_fold_cache_launches() { return fold_cache_launches.load(); 
 void fp4_decode_fold_cache_clear() {
   std::lock_guard<std::mutex> lock(fold_mutex);
   if (fold_cache().empty()) return;
-  FG_CUDA_CHECK(cudaDeviceSynchronize());
-  for (auto& [key, f] : fold_cache()) {
-    int current = 0;
-    FG_CUDA_CHECK(cudaGetDevice(&current));
+  int current = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&current));
+  for (auto& [key, f] : fold_cache()) {  // cudaFree waits for the device's work that may still read the words
     FG_CUDA_CHECK(cudaSetDevice(std::get<0>(key)));
     FG_CUDA_CHECK(cudaFree(f.words));
-    FG_CUDA_CHECK(cudaSetDevice(current));
   }
+  FG_CUDA_CHECK(cudaSetDevice(current));
   fold_cache().clear();
 }
 long long fp4_decode_perm_wide_launches() { return perm_wide_launches.load(); }
