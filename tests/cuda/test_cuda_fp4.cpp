@@ -738,9 +738,9 @@ TEST_P(Fp4Linear, ExactLeanKernelExpansion) {
   // Launches per (recipe, M): one per call where it serves (static activations at any M; groups of 128 above M = 64,
   // where linear() writes the scales M-major), none for pre-quantized activations with row-major scales. Calls per M
   // as column_plan makes them (the GPU's full_m is 64, 12 calls below it).
-  // Every expansion mode of the producers (FINEGEMM_FP4_LEAN_EXPAND; the dense kernel's tiles are 128 rows, so
-  // split runs as itself).
-  for (const char* order : {"serial", "batched", "split"}) {
+  // Every expansion mode (FINEGEMM_FP4_LEAN_EXPAND; the dense kernel's tiles are 128 rows, so split and the
+  // consumers' expansion run as themselves).
+  for (const char* order : {"serial", "batched", "split", "consumers"}) {
     const ScopedEnv expand("FINEGEMM_FP4_LEAN_EXPAND", order);
     for (ActKind act : acts)
       for (int64_t m : ms) {
@@ -1649,7 +1649,8 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       const bool served = v.kind == ScaleKind::UE8M0 && v.act.granularity == ActGranularity::PerTokenGroup &&
                           v.act.group_size == 128;
       for (const auto& [height, order] : {std::pair{"128", "serial"}, {"192", "serial"}, {"256", "serial"},
-                                          {"128", "batched"}, {"192", "batched"}, {"128", "split"}}) {
+                                          {"128", "batched"}, {"192", "batched"}, {"128", "split"},
+                                          {"128", "consumers"}}) {
         SCOPED_TRACE(std::string("FINEGEMM_FP4_LEAN=") + height + " FINEGEMM_FP4_LEAN_EXPAND=" + order);
         // Both GEMMs as Store GEMMs (gate_up unfused, the default; the fused one is not served).
         const ScopedEnv lean("FINEGEMM_FP4_LEAN", height), unfused("FINEGEMM_MOE_UNFUSED", "1");

@@ -711,7 +711,8 @@ void check_switch(const char* name, std::initializer_list<std::pair<const char*,
 
 // FINEGEMM_GEMM_LEAN_PAIR: unset by shape (-1), "0" off, "1" pairs sharing B, "a" pairs sharing A; unset resolves to
 // pairs sharing A at short K and large M only. FINEGEMM_FP4_LEAN_EXPAND:
-// "serial" keeps the serial expansion, unset and "batched" batch, "split" takes two producer warpgroups.
+// "serial" keeps the serial expansion, unset and "batched" batch, "split" takes two producer warpgroups,
+// "consumers" the consumer warpgroups.
 // FINEGEMM_FP4_EXPAND_LEAN: unset and "1" on, "0" off. FINEGEMM_FP4_EXPAND_WIDE: unset -1 (the wide scan on
 // scan-only calls), "0" off, "1" the wide expansion, "2" that and the wide scan.
 TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
@@ -734,8 +735,9 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
     EXPECT_EQ(cuda::lean_pair_default(params(4096, 512), mode), mode);
     EXPECT_EQ(cuda::lean_pair_default(params(128, 7168), mode), mode);
   }
-  check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND", {{"", 1}, {"serial", 0}, {"batched", 1}, {"split", 2}},
-                    {"1", "Batched", "ilp"}, [] { return cuda::fp4_lean_expand_mode(); });
+  check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND",
+                    {{"", 1}, {"serial", 0}, {"batched", 1}, {"split", 2}, {"consumers", 3}},
+                    {"1", "Batched", "ilp", "consumer"}, [] { return cuda::fp4_lean_expand_mode(); });
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", true}, {"0", false}, {"1", true}}, {"2", "lean"},
                      [] { return cuda::fp4_expand_lean_wanted(); });
   check_switch<int>("FINEGEMM_GEMM_LEAN_SFB_WARP", {{"", -1}, {"0", 0}, {"1", 1}}, {"2", "on", "yes"},

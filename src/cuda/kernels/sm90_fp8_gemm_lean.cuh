@@ -166,15 +166,23 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   // kFp4B at 128 rows: 56 registers for the expanding producers (at 40 they spilled), 224 for the consumers, whose
   // one 64-row pass needs far fewer (kExpand 1: 64 / 216, kExpand 2: 56 / 200, below); 256-row consumers need their
   // 232 (228 used), so the producers keep 40 there.
-  constexpr bool kBatched = kExpand >= 1;
+  constexpr bool kBatched = kExpand == 1 || kExpand == 2;
+  // kExpand 3 (FINEGEMM_FP4_LEAN_EXPAND=consumers, 128-row tiles): the consumer warpgroups expand, one stage ahead of
+  // their wgmma (see kConsumerExpand below); the producer warpgroup keeps one TMA thread.
+  constexpr bool kConsumerExpand = kExpand == 3;
   constexpr int kProducerWGs = kExpand == 2 ? 2 : 1;
   constexpr int kThreadsTotal = L::kThreads + 128 * (kProducerWGs - 1);
   static_assert(kExpand == 0 || kFp4B, "kExpand: FP4 weights only");
   static_assert(kExpand != 2 || BLOCK_M == 128, "kExpand 2 (two producer warpgroups): 128-row tiles only");
+  // kConsumerExpand: each of the 256 consumer threads expands two MX groups of one row; with three or more stages a
+  // stage's B tile is free when a consumer expands into it (below).
+  static_assert(!kConsumerExpand || (BLOCK_M == 128 && S >= 3), "kExpand 3 (consumers expand): 128-row tiles, >= 3 stages");
   // kBatched at 128 rows: 64 and 216 (at 56 the batch spilled: 24 bytes of stores, 60 of loads, dense with A scales);
   // two producer warpgroups: 56 and 200.
-  constexpr int kProducerRegs = kFp4B && BLOCK_M == 128 ? (kExpand == 2 ? 56 : kBatched ? 64 : 56) : L::kProducerRegs;
-  constexpr int kConsumerRegs = kFp4B && BLOCK_M == 128 ? (kExpand == 2 ? 200 : kBatched ? 216 : 224) : L::kConsumerRegs;
+  constexpr int kProducerRegs =
+      kFp4B && BLOCK_M == 128 && !kConsumerExpand ? (kExpand == 2 ? 56 : kBatched ? 64 : 56) : L::kProducerRegs;
+  constexpr int kConsumerRegs =
+      kFp4B && BLOCK_M == 128 && !kConsumerExpand ? (kExpand == 2 ? 200 : kBatched ? 216 : 224) : L::kConsumerRegs;
   static_assert(kProducerWGs * kProducerRegs + L::kWGs * kConsumerRegs <=
                     (65536 / kThreadsTotal) / 8 * 8 * (L::kWGs + kProducerWGs),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
@@ -238,7 +246,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       // kFp4B: every producer thread, after its row of the expanded B tile (the TMA thread adds A's bytes first).
-      ptx::mbar_init(&full[s], kFp4B ? 128 * kProducerWGs : 1);
+      // kConsumerExpand: the TMA thread's arrival with A's bytes, and every consumer thread after its part of B.
+      ptx::mbar_init(&full[s], kConsumerExpand ? 1 + L::kConsumerThreads : kFp4B ? 128 * kProducerWGs : 1);
       // Every consumer thread, after its last read of the stage; kPair: and the peer's consumer warps (lane 0 each).
       ptx::mbar_init(&empty[s], L::kConsumerThreads + (kPair ? L::kConsumerThreads / 32 : 0));
     }
@@ -251,7 +260,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     if constexpr (kFp4B) {
       for (int r = 0; r < L::kRawStages; ++r) {
         ptx::mbar_init(&packed_full[r], 1);      // the TMA thread's expect_tx and the packed tile's bytes
-        ptx::mbar_init(&packed_empty[r], 128 * kProducerWGs);  // every producer thread, after its reads of the tile
+        // Every expanding thread (producer, or kConsumerExpand consumer), after its reads of the tile.
+        ptx::mbar_init(&packed_empty[r], kConsumerExpand ? L::kConsumerThreads : 128 * kProducerWGs);
       }
     }
     ptx::fence_barrier_init();
@@ -268,7 +278,57 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   if (threadIdx.x >= L::kConsumerThreads) {
     // ---------------- TMA thread (the last warpgroup, thread 0).
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if constexpr (kFp4B) {
+    if constexpr (kConsumerExpand) {
+      // ---------------- kConsumerExpand: one TMA thread, A per stage (with its scales) and the packed tiles in their
+      // ring, kRawStages - 2 K blocks ahead (item i: the CTA's (i / num_kb)-th tile's K block i % num_kb), so that its
+      // wait for a free slot is for the item before last, which the consumers expanded one stage before they used it.
+      if (threadIdx.x == L::kConsumerThreads) {
+        constexpr int R = L::kRawStages;
+        constexpr bool kBulkA = kAScale && !kGrouped;
+        ptx::prefetch_tensor_map(&tma_a);
+        ptx::prefetch_tensor_map(&tma_b);
+        uint32_t issued = 0;
+        int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
+        auto issue_packed = [&]() {
+          if (load_t >= num_tiles) return;
+          const uint32_t slot = issued % R;
+          if (issued >= R) ptx::mbar_wait(&packed_empty[slot], (issued / R - 1) & 1u);
+          const Tile lt = tile_of(load_t);
+          ptx::mbar_arrive_expect_tx(&packed_full[slot], L::kStageRaw);
+          ptx::tma_load_2d(smem_packed + slot * L::kStageRaw, &tma_b, &packed_full[slot], load_kb * (kGemmBlockK / 2),
+                           lt.group * p.n + lt.n0);
+          ++issued;
+          if (++load_kb == num_kb) {
+            load_kb = 0;
+            load_t += static_cast<int>(gridDim.x);
+          }
+        };
+        for (int i = 0; i < R - 2; ++i) issue_packed();
+        uint32_t lap_count = 0;
+        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+          const Tile tile = tile_of(t);
+          const int m0 = tile.m0;
+          const uint32_t sfa_bytes = kBulkA ? static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16) : 0u;
+          for (int lap = 0; lap < laps; ++lap, ++lap_count) {
+            const uint32_t free_parity = (lap_count & 1u) ^ 1u;
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+              const int kb = lap * S + s;
+              ptx::mbar_wait(&empty[s], free_parity);
+              if (kb < num_kb) {
+                ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + sfa_bytes);
+                ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
+                if constexpr (kBulkA)
+                  ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
+                issue_packed();
+              } else {
+                ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
+              }
+            }
+          }
+        }
+      }
+    } else if constexpr (kFp4B) {
       // ---------------- kFp4B: the whole warpgroup expands (thread e: row e of the B tile); thread 0 also issues the
       // TMA loads: A per stage, and the packed tiles in their own ring, kAhead K blocks ahead of the expansion
       // (across tiles: item i is the CTA's (i / num_kb)-th tile's K block i % num_kb).
@@ -494,6 +554,74 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     }
   };
   uint32_t sfb_it = 0;  // kSfbWarp: this CTA's tiles so far (the B scales' buffer and phase)
+  // kConsumerExpand: the consumers expand the packed B tiles themselves, each thread two MX groups (2·x_half and
+  // 2·x_half + 1) of row x_row of every K block, as the producers do (the fold table row of each group's distance below
+  // the tile's largest exponent). expand_next() takes the next stage of the CTA's sequence (tile, lap, stage, pad
+  // stages included) one stage ahead of the K loop: a K block's wgmma are issued, then the next stage is expanded while
+  // they run, then waited for. Every consumer thread arrives on each stage's full barrier (pad stages too), so the
+  // wgmma of a stage starts once all have expanded it. The B tile expanded into stage s at sequence position q was last
+  // read at q - S; a thread at q - 1 has passed the full barrier of q - 1, so every consumer has expanded q - 1, at its
+  // own position q - 2 >= q - S + 1 (S >= 3), after it waited for the wgmma of q - S and released it: the tile is free.
+  int x_t = first_tile(), x_pos = 0;  // the expansion's tile and position in it (laps · S stages, pads included)
+  uint32_t x_item = 0;                // real K blocks expanded so far: the packed ring's slot and phase
+  uint32_t x_soff = 0, x_eoff = 0, x_w = 0;
+  int x_emax = 0;
+  const int x_row = static_cast<int>(threadIdx.x) & 127, x_half = static_cast<int>(threadIdx.x) >> 7;
+  const uint32_t x_packed_row = ptx::smem_addr(smem_packed) + static_cast<uint32_t>(lean_fp4_packed_row(x_row));
+  const uint32_t x_e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(x_row));
+  // The row's scale words and the tile's largest exponents, as 32-bit word offsets (lean_fp4_ok bounds them); the
+  // next position's loaded when a stage is done, so that their latency hides behind a K block.
+  auto x_tile = [&]() {
+    if (x_t >= num_tiles) return;
+    const Tile xt = tile_of(x_t);
+    x_soff = static_cast<uint32_t>(
+        (xt.group * fp4.scale_group_stride + static_cast<int64_t>(min(xt.n0 + x_row, p.n - 1)) * fp4.scale_stride_n) / 4);
+    x_eoff = static_cast<uint32_t>((xt.group * fp4.tiles_per_group + xt.n0 / kLeanBlockN) * fp4.blocks);
+  };
+  auto x_load = [&]() {
+    if (x_t < num_tiles && x_pos < num_kb) {
+      x_w = __ldg(reinterpret_cast<const uint32_t*>(fp4.scale) + (x_soff + static_cast<uint32_t>(x_pos)));
+      x_emax = __ldg(fp4.tile_emax + (x_eoff + static_cast<uint32_t>(x_pos)));
+    }
+  };
+  auto expand_next = [&]() {
+    if constexpr (kConsumerExpand) {
+      if (x_t >= num_tiles) return;
+      const int s = x_pos % S;
+      if (x_pos < num_kb) {
+        constexpr int R = L::kRawStages;
+        const uint32_t slot = x_item % R;
+        uint2 tab[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          tab[i] = fold_tab[min(max(x_emax - static_cast<int>((x_w >> (8 * (2 * x_half + i))) & 0xFFu), 0), 8)];
+        ptx::mbar_wait(&packed_full[slot], (x_item / R) & 1u);
+        uint32_t packed_at = x_packed_row + slot * L::kStageRaw;
+        uint32_t e4m3_at = x_e4m3_row + static_cast<uint32_t>(s * L::kStageB);
+        asm volatile("" : "+r"(packed_at), "+r"(e4m3_at));
+        uint32_t in[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) lean_lds128(packed_at ^ static_cast<uint32_t>((2 * x_half + i) << 4), in[i]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) lean_fp4_expand_store(in[i], tab[i], e4m3_at, 2 * x_half + i);
+        ptx::fence_proxy_async_shared();  // the expanded rows, written by the generic proxy, for the wgmma
+        ptx::mbar_arrive(&packed_empty[slot]);
+        ++x_item;
+      }
+      ptx::mbar_arrive(&full[s]);
+      if (++x_pos == laps * S) {
+        x_pos = 0;
+        x_t += tile_stride();
+        x_tile();
+      }
+      x_load();
+    }
+  };
+  if constexpr (kConsumerExpand) {
+    x_tile();
+    x_load();
+    expand_next();  // the first stage
+  }
   for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
     const Tile tile = tile_of(t);
     const int m0 = tile.m0, n0 = tile.n0;
@@ -520,6 +648,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             ptx::mbar_wait(&full[s], parity);
+            expand_next();
             ptx::mbar_arrive(&empty[s]);
           }
         }
@@ -579,6 +708,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                    ptx::desc_from_words(desc_b0 + static_cast<uint32_t>((s * L::kStageB + k * 32) >> 4), kHi), acc,
                    k > 0);
         ptx::wgmma_commit();
+        if (half == L::kHalves - 1) expand_next();  // kConsumerExpand: the next stage, while these wgmma run
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc);
         if (half == L::kHalves - 1) release(s);
@@ -602,6 +732,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         for (int s = 0; s < left; ++s) k_block(s, lap * S + s, parity);
         for (int s = left; s < S; ++s) {  // the pad stages
           ptx::mbar_wait(&full[s], parity);
+          expand_next();
           release(s);
         }
       }
@@ -768,8 +899,8 @@ __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
 // kFp4B (FINEGEMM_FP4_LEAN, off until measured): tma_b maps the packed weights ([rows, K / 2] bytes, 128 x 64-byte
 // boxes, 64-byte swizzle); p is the E4M3 view of the call (Fp4Expansion's tile scales as B scales, gated on the scan's
 // flags), fp4 the original scales and the scan's exponents.
-// kExpand: the producers' expansion (lean_gemm_body): 0 serial, 1 batched, 2 two producer warpgroups (their launch
-// takes lean_fp4_threads(BLOCK_M, 2) threads).
+// kExpand: the expansion (lean_gemm_body): 0 serial, 1 batched, 2 two producer warpgroups (their launch takes
+// lean_fp4_threads(BLOCK_M, 2) threads), 3 the consumer warpgroups (128-row tiles).
 template <int BLOCK_M, int kStages>
 constexpr int lean_fp4_threads(int expand) {
   return LeanGemm<BLOCK_M, kStages>::kThreads + (expand == 2 ? 128 : 0);

@@ -121,6 +121,7 @@ void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_
   auto launch = [&](auto a_scale) {
     constexpr bool kA = decltype(a_scale)::value;
     switch (fp4_lean_expand_mode()) {
+      case 3: launch_dense<128, kDenseFp4Stages, kA, 3>(a, lda, b, ldb, view, fp4, device, stream); break;
       case 2: launch_dense<128, kDenseFp4Stages, kA, 2>(a, lda, b, ldb, view, fp4, device, stream); break;
       case 1: launch_dense<128, kDenseFp4Stages, kA, 1>(a, lda, b, ldb, view, fp4, device, stream); break;
       default: launch_dense<128, kDenseFp4Stages, kA, 0>(a, lda, b, ldb, view, fp4, device, stream);
@@ -136,7 +137,7 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
   const int stages = lean_stages(block_m, view.k / kGemmBlockK);
   // The expansion mode per height: 128 rows any; 192 rows batched when batched or split is asked and the call has A
   // scales (without them the batch spilled: 4 bytes of stores, 52 of loads), else serial (split, two producer
-  // warpgroups, is 128 rows only); 256 rows serial.
+  // warpgroups, and the consumers' expansion are 128 rows only); 256 rows serial.
   auto launch = [&](auto a_scale, auto expand) {
     constexpr bool kA = decltype(a_scale)::value;
     constexpr int kE = decltype(expand)::value;
@@ -148,6 +149,7 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
   };
   auto with_mode = [&](auto a_scale) {
     switch (fp4_lean_expand_mode()) {
+      case 3: launch(a_scale, std::integral_constant<int, 3>{}); break;
       case 2: launch(a_scale, std::integral_constant<int, 2>{}); break;
       case 1: launch(a_scale, std::integral_constant<int, 1>{}); break;
       default: launch(a_scale, std::integral_constant<int, 0>{});
@@ -180,14 +182,18 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
 // that cannot take a mode fall back (launch_sm90_fp4_grouped_lean). Batched by default since stop 43 (H200,
 // bench/results/stop43_call2_2026-12-05_06500c5.json): the DeepSeek-V3 FP4 layer at T = 4096 (192-row tiles) 8588 µs
 // against 8887 serial; dense M = 4096 N = 4096 K = 7168 on the lean FP4 kernel 447.9 against 463.4 serial, 424.3 split;
-// split at 128 rows took the layer to 10530.
+// split at 128 rows took the layer to 10530. "consumers" (stop 47, off until measured): the consumer warpgroups expand,
+// each thread two groups of a row, one stage ahead of their wgmma, which run meanwhile (kExpand 3; 128-row tiles: with
+// FINEGEMM_FP4_LEAN=1 or 128), 3.
 int fp4_lean_expand_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN_EXPAND");
   const std::string v = env ? env : "";
   if (v == "serial") return 0;
   if (v.empty() || v == "batched") return 1;
   if (v == "split") return 2;
-  throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial, batched or split (the producers' expansion), got '" + v + "'");
+  if (v == "consumers") return 3;
+  throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial, batched, split or consumers (who expands the FP4 weights), got '" +
+              v + "'");
 }
 
 long long lean_fp4_launches() { return lean_fp4_launch_count.load(std::memory_order_relaxed); }
