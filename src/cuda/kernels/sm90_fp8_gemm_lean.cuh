@@ -174,15 +174,20 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   constexpr int kThreadsTotal = L::kThreads + 128 * (kProducerWGs - 1);
   static_assert(kExpand == 0 || kFp4B, "kExpand: FP4 weights only");
   static_assert(kExpand != 2 || BLOCK_M == 128, "kExpand 2 (two producer warpgroups): 128-row tiles only");
-  // kConsumerExpand: each of the 256 consumer threads expands two MX groups of one row; with three or more stages a
-  // stage's B tile is free when a consumer expands into it (below).
-  static_assert(!kConsumerExpand || (BLOCK_M == 128 && S >= 3), "kExpand 3 (consumers expand): 128-row tiles, >= 3 stages");
+  // kConsumerExpand: the first two consumer warpgroups' threads expand two MX groups of one row each; a stage's B tile
+  // is free when a consumer expands into it (see expand_next below) with three or more stages at 128 rows and four
+  // at 192.
+  static_assert(!kConsumerExpand || (BLOCK_M == 128 && S >= 3) || (BLOCK_M == 192 && S >= 4),
+                "kExpand 3 (consumers expand): 128-row tiles with >= 3 stages or 192-row tiles with >= 4");
   // kBatched at 128 rows: 64 and 216 (at 56 the batch spilled: 24 bytes of stores, 60 of loads, dense with A scales);
   // two producer warpgroups: 56 and 200.
+  // kConsumerExpand at 192 rows: the TMA thread alone in its warpgroup at 24, the consumers at 160 (24 + 3 x 160 = 504).
   constexpr int kProducerRegs =
-      kFp4B && BLOCK_M == 128 && !kConsumerExpand ? (kExpand == 2 ? 56 : kBatched ? 64 : 56) : L::kProducerRegs;
+      kConsumerExpand ? (BLOCK_M == 192 ? 24 : L::kProducerRegs)
+      : kFp4B && BLOCK_M == 128 ? (kExpand == 2 ? 56 : kBatched ? 64 : 56) : L::kProducerRegs;
   constexpr int kConsumerRegs =
-      kFp4B && BLOCK_M == 128 && !kConsumerExpand ? (kExpand == 2 ? 200 : kBatched ? 216 : 224) : L::kConsumerRegs;
+      kConsumerExpand ? (BLOCK_M == 192 ? 160 : L::kConsumerRegs)
+      : kFp4B && BLOCK_M == 128 ? (kExpand == 2 ? 200 : kBatched ? 216 : 224) : L::kConsumerRegs;
   static_assert(kProducerWGs * kProducerRegs + L::kWGs * kConsumerRegs <=
                     (65536 / kThreadsTotal) / 8 * 8 * (L::kWGs + kProducerWGs),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
@@ -554,14 +559,21 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     }
   };
   uint32_t sfb_it = 0;  // kSfbWarp: this CTA's tiles so far (the B scales' buffer and phase)
-  // kConsumerExpand: the consumers expand the packed B tiles themselves, each thread two MX groups (2·x_half and
-  // 2·x_half + 1) of row x_row of every K block, as the producers do (the fold table row of each group's distance below
-  // the tile's largest exponent). expand_next() takes the next stage of the CTA's sequence (tile, lap, stage, pad
-  // stages included) one stage ahead of the K loop: a K block's wgmma are issued, then the next stage is expanded while
-  // they run, then waited for. Every consumer thread arrives on each stage's full barrier (pad stages too), so the
-  // wgmma of a stage starts once all have expanded it. The B tile expanded into stage s at sequence position q was last
-  // read at q - S; a thread at q - 1 has passed the full barrier of q - 1, so every consumer has expanded q - 1, at its
-  // own position q - 2 >= q - S + 1 (S >= 3), after it waited for the wgmma of q - S and released it: the tile is free.
+  // kConsumerExpand: the consumers expand the packed B tiles themselves, each thread of the first two warpgroups two MX
+  // groups (2·x_half and 2·x_half + 1) of row x_row of every K block, as the producers do (the fold table row of each
+  // group's distance below the tile's largest exponent); a third warpgroup (192-row tiles) expands nothing. expand_next()
+  // takes the next stage of the CTA's sequence (tile, lap, stage, pad stages included), kXAhead stages ahead of the K
+  // loop. Every consumer thread arrives on each stage's full barrier (pad stages too), so the wgmma of a stage starts
+  // once all have expanded it.
+  // - 128 rows, one ahead: a K block's wgmma are issued, the next stage is expanded while they run, then they are
+  //   waited for. The B tile expanded into stage s at sequence position q was last read at q - S; a thread at q - 1 has
+  //   passed the full barrier of q - 1, so every consumer has expanded q - 1, at its own position q - 2 >= q - S + 1
+  //   (S >= 3), after it waited for the wgmma of q - S and released it: the tile is free.
+  // - 192 rows, two ahead: the stage after next is expanded once the K block's wgmma are waited for, released and
+  //   promoted (the accumulators free: three warpgroups' 152 registers hold no more), while the other warpgroups' wgmma
+  //   run. A thread at q - 2 has passed the full barrier of q - 2, which every consumer expanded at its position
+  //   q - 4 = q - S (S = 4) after releasing that position's stage: the tile is free.
+  constexpr int kXAhead = BLOCK_M == 192 ? 2 : 1;
   int x_t = first_tile(), x_pos = 0;  // the expansion's tile and position in it (laps · S stages, pads included)
   uint32_t x_item = 0;                // real K blocks expanded so far: the packed ring's slot and phase
   uint32_t x_soff = 0, x_eoff = 0, x_w = 0;
@@ -579,7 +591,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     x_eoff = static_cast<uint32_t>((xt.group * fp4.tiles_per_group + xt.n0 / kLeanBlockN) * fp4.blocks);
   };
   auto x_load = [&]() {
-    if (x_t < num_tiles && x_pos < num_kb) {
+    if (x_t < num_tiles && x_pos < num_kb && x_half < 2) {
       x_w = __ldg(reinterpret_cast<const uint32_t*>(fp4.scale) + (x_soff + static_cast<uint32_t>(x_pos)));
       x_emax = __ldg(fp4.tile_emax + (x_eoff + static_cast<uint32_t>(x_pos)));
     }
@@ -588,24 +600,39 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     if constexpr (kConsumerExpand) {
       if (x_t >= num_tiles) return;
       const int s = x_pos % S;
-      if (x_pos < num_kb) {
+      if (x_pos < num_kb && x_half < 2) {
         constexpr int R = L::kRawStages;
         const uint32_t slot = x_item % R;
-        uint2 tab[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          tab[i] = fold_tab[min(max(x_emax - static_cast<int>((x_w >> (8 * (2 * x_half + i))) & 0xFFu), 0), 8)];
         ptx::mbar_wait(&packed_full[slot], (x_item / R) & 1u);
         uint32_t packed_at = x_packed_row + slot * L::kStageRaw;
         uint32_t e4m3_at = x_e4m3_row + static_cast<uint32_t>(s * L::kStageB);
         asm volatile("" : "+r"(packed_at), "+r"(e4m3_at));
-        uint32_t in[2][4];
+        if constexpr (BLOCK_M == 128) {
+          // Both groups' loads first (registers to spare beside the accumulators).
+          uint2 tab[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) lean_lds128(packed_at ^ static_cast<uint32_t>((2 * x_half + i) << 4), in[i]);
+          for (int i = 0; i < 2; ++i)
+            tab[i] = fold_tab[min(max(x_emax - static_cast<int>((x_w >> (8 * (2 * x_half + i))) & 0xFFu), 0), 8)];
+          uint32_t in[2][4];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) lean_fp4_expand_store(in[i], tab[i], e4m3_at, 2 * x_half + i);
+          for (int i = 0; i < 2; ++i) lean_lds128(packed_at ^ static_cast<uint32_t>((2 * x_half + i) << 4), in[i]);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) lean_fp4_expand_store(in[i], tab[i], e4m3_at, 2 * x_half + i);
+        } else {
+          // One group at a time (160 registers, 128 of them the accumulators and totals).
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int j = 2 * x_half + i;
+            const uint2 tab = fold_tab[min(max(x_emax - static_cast<int>((x_w >> (8 * j)) & 0xFFu), 0), 8)];
+            uint32_t in[4];
+            lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in);
+            lean_fp4_expand_store(in, tab, e4m3_at, j);
+          }
+        }
         ptx::fence_proxy_async_shared();  // the expanded rows, written by the generic proxy, for the wgmma
-        ptx::mbar_arrive(&packed_empty[slot]);
+      }
+      if (x_pos < num_kb) {
+        ptx::mbar_arrive(&packed_empty[x_item % L::kRawStages]);  // every consumer thread, expanding or not
         ++x_item;
       }
       ptx::mbar_arrive(&full[s]);
@@ -620,7 +647,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   if constexpr (kConsumerExpand) {
     x_tile();
     x_load();
-    expand_next();  // the first stage
+    for (int i = 0; i < kXAhead; ++i) expand_next();  // the first stages
   }
   for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
     const Tile tile = tile_of(t);
@@ -648,8 +675,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             ptx::mbar_wait(&full[s], parity);
-            expand_next();
             ptx::mbar_arrive(&empty[s]);
+            expand_next();
           }
         }
         continue;
@@ -708,7 +735,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                    ptx::desc_from_words(desc_b0 + static_cast<uint32_t>((s * L::kStageB + k * 32) >> 4), kHi), acc,
                    k > 0);
         ptx::wgmma_commit();
-        if (half == L::kHalves - 1) expand_next();  // kConsumerExpand: the next stage, while these wgmma run
+        // kConsumerExpand at 128 rows: the next stage, while these wgmma run.
+        if (kXAhead == 1 && half == L::kHalves - 1) expand_next();
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc);
         if (half == L::kHalves - 1) release(s);
@@ -721,6 +749,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           tot[c * 4 + 3] = fmaf(acc[c * 4 + 3], lo1, tot[c * 4 + 3]);
         }
       }
+      if (kXAhead == 2) expand_next();  // kConsumerExpand at 192 rows: the stage after next, the accumulators free
     };
     for (int lap = 0; lap < laps; ++lap, ++lap_count) {
       const uint32_t parity = lap_count & 1u;
@@ -732,8 +761,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         for (int s = 0; s < left; ++s) k_block(s, lap * S + s, parity);
         for (int s = left; s < S; ++s) {  // the pad stages
           ptx::mbar_wait(&full[s], parity);
-          expand_next();
           release(s);
+          expand_next();
         }
       }
     }

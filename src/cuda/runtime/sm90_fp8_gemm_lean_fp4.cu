@@ -137,11 +137,11 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
   const int stages = lean_stages(block_m, view.k / kGemmBlockK);
   // The expansion mode per height: 128 rows any; 192 rows batched when batched or split is asked and the call has A
   // scales (without them the batch spilled: 4 bytes of stores, 52 of loads), else serial (split, two producer
-  // warpgroups, and the consumers' expansion are 128 rows only); 256 rows serial.
+  // warpgroups, is 128 rows only); the consumers' expansion at 128 and 192 rows; 256 rows serial.
   auto launch = [&](auto a_scale, auto expand) {
     constexpr bool kA = decltype(a_scale)::value;
     constexpr int kE = decltype(expand)::value;
-    constexpr int kE192 = kA && kE >= 1 ? 1 : 0;
+    constexpr int kE192 = kE == 3 ? 3 : kA && kE >= 1 ? 1 : 0;
     if (block_m == 256) launch_grouped<256, 3, kA, 0>(a, lda, b, ldb, layout, view, fp4, device, stream);
     else if (block_m == 192) launch_grouped<192, 4, kA, kE192>(a, lda, b, ldb, layout, view, fp4, device, stream);
     else if (stages == 5) launch_grouped<128, 5, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
@@ -182,9 +182,9 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
 // that cannot take a mode fall back (launch_sm90_fp4_grouped_lean). Batched by default since stop 43 (H200,
 // bench/results/stop43_call2_2026-12-05_06500c5.json): the DeepSeek-V3 FP4 layer at T = 4096 (192-row tiles) 8588 µs
 // against 8887 serial; dense M = 4096 N = 4096 K = 7168 on the lean FP4 kernel 447.9 against 463.4 serial, 424.3 split;
-// split at 128 rows took the layer to 10530. "consumers" (stop 47, off until measured): the consumer warpgroups expand,
-// each thread two groups of a row, one stage ahead of their wgmma, which run meanwhile (kExpand 3; 128-row tiles: with
-// FINEGEMM_FP4_LEAN=1 or 128), 3.
+// split at 128 rows took the layer to 10530. "consumers" (stop 47, off until measured): the consumer warpgroups expand
+// (kExpand 3), each thread of the first two two groups of a row: at 128 rows one stage ahead, while their wgmma run;
+// at 192 two stages ahead, after their promotion (256-row tiles keep the serial producers), 3.
 int fp4_lean_expand_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN_EXPAND");
   const std::string v = env ? env : "";
