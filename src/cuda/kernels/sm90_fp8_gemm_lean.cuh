@@ -292,6 +292,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         constexpr bool kBulkA = kAScale && !kGrouped;
         ptx::prefetch_tensor_map(&tma_a);
         ptx::prefetch_tensor_map(&tma_b);
+        // The kFp4B producers' issue_packed, repeated here: one lambda hoisted for both branches left the SASS's
+        // instruction counts alone but moved registers and scheduling in every measured FP4 lean kernel (cuobjdump,
+        // stop 47), which no device run has checked.
         uint32_t issued = 0;
         int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
         auto issue_packed = [&]() {
