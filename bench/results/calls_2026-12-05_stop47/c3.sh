@@ -37,5 +37,14 @@ for rep in 1 2; do
     echo "-- dense M = 4096, M-major scales, run $rep $(el)"; show $W/dense_$rep.jsonl; tail -n 2 $W/dense_$rep.err
   fi
 done
+# Added at stop 48: issue 4's T = 16384 bar (last measured at stop 27) on the current defaults.
+if left 330; then
+  timeout 100 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 16384 --recipes dynamic --check-tokens 1 >$W/moe_16k.log 2>&1
+  echo "-- MoE FP8 T = 16384 $(el)"; grep -h '^{' $W/moe_16k.log | python3 -c '
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print("  %-22s T=%-5d layer=%9.1f us gemm=%6.1f TFLOP/s check=%s rel=%.2e" % (r["variant"], r["T"], r["layer_us"], r["gemm_tflops"], r["check"], r["rel_err"]))'
+  grep -hiE "error|fail" $W/moe_16k.log | head -3
+fi
 cd $OUT && tar czf all.tgz w && rm -rf w
 echo "total $(( $(date +%s) - s0 )) s"
