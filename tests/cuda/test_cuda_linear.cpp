@@ -754,6 +754,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
     EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 512), mode), mode == 1);
     EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 7168), mode), mode == 1);
   }
+  check_switch<bool>("FINEGEMM_GEMM_LEAN_STREAMK", {{"", false}, {"0", false}, {"1", true}}, {"2", "on", "streamk"},
+                     [] { return cuda::lean_stream_k_wanted(); });
   check_switch<bool>("FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE", {{"", true}, {"0", false}, {"1", true}}, {"2", "off"},
                      [] { return cuda::lean_unit_epilogue_wanted(); });
   check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
@@ -1479,6 +1481,77 @@ TEST_F(CudaTest, LeanScaleWarpManyTiles) {
       }
     }
   }
+}
+
+// The lean kernel's stream-K tail (FINEGEMM_GEMM_LEAN_STREAMK=1, stop 49): the whole waves' tiles run whole, the last
+// partial wave's K blocks split evenly over the SMs, each tile stored by the CTA holding its last K block after it adds
+// the partials of the CTAs below it. The shapes make every height split tiles in every way on a 132-SM GPU:
+// M = 2048 N = 2176 K = 1408 leaves 4 tiles of 256 rows past one wave (44 K blocks: one CTA per K block, each tile
+// over 11 CTAs), 55 of 192 (605 K blocks, 4-5 per CTA: tiles over 3-4 CTAs, a CTA finishing one tile and starting
+// the next) and 8 of 128 (88 K blocks); M = 300 N = 1000 K = 1408 and M = 516 N = 384 K = 1280 are less than a wave
+// (every tile in the tail; at M = 516 fewer K blocks than SMs); M = 4096 N = 1024 K = 7168 one tile short of a wave at
+// 256 rows (54 or 55 K blocks per CTA of a tile's 56: nearly every tile over two CTAs). Against the CPU reference
+// (the last shape against the general kernel, within the same tolerance), no non-finite value in a poisoned output,
+// the same bits on a second run (the partials are added in a fixed order), its launch counted where a wave is partial,
+// and captured in a graph and replayed twice (stream-ordered partials, the capture's flags). The first recipe with
+// 1x128 activations and a static one; FINEGEMM_TEST_QUICK=1 (the sanitizers): the first recipe, the first two shapes.
+TEST_F(CudaTest, LeanStreamKTail) {
+  const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
+  std::vector<NamedRecipe> kinds;
+  for (const auto& r : all_recipes())
+    if (r.weight.element != ElementType::FP4_E2M1 && r.weight.granularity == WeightGranularity::Block &&
+        r.weight.block_n == 128 && r.weight.block_k == 128 &&
+        ((r.activation.granularity == ActGranularity::PerTokenGroup && r.activation.group_size == 128 && kinds.empty()) ||
+         (r.activation.is_static() && !quick && kinds.size() == 1)))
+      kinds.push_back(r);
+  ASSERT_FALSE(kinds.empty()) << "all_recipes() lost the block-128 recipe with 1x128 activations";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Shape {
+    int64_t m, n, k;
+    bool reference;
+  };
+  const Shape shapes[] = {{2048, 2176, 1408, true}, {300, 1000, 1408, true}, {516, 384, 1280, true},
+                          {4096, 1024, 7168, false}};
+  int split_cases = 0;
+  for (const auto& recipe : kinds) {
+    for (const Shape& shape : shapes) {
+      if (quick && shape.m != 2048 && shape.m != 300) continue;
+      const auto [m, n, k, with_ref] = shape;
+      SCOPED_TRACE(recipe.name + " M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
+      LinearCase c = make_case(recipe, m, n, k, DType::BF16, DType::BF16, false);
+      Buffer expect;
+      if (with_ref) {
+        expect = run_reference(c.args, DType::BF16, m, n);
+      } else {
+        const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", "128x128:1"), no_lean("FINEGEMM_GEMM_LEAN", "0");
+        expect = run_on_gpu(c.args);
+      }
+      for (const char* tiles : {"1", "192", "256"}) {
+        if (quick && tiles[0] == '1' && tiles[1] == '9') continue;
+        const int block_m = tiles[0] == '1' && tiles[1] == 0 ? 128 : std::atoi(tiles);
+        const int64_t num_tiles = (m + block_m - 1) / block_m * ((n + 127) / 128);
+        const bool tail = num_tiles % sms != 0;
+        const ScopedEnv lean("FINEGEMM_GEMM_LEAN", tiles), stream_k("FINEGEMM_GEMM_LEAN_STREAMK", "1");
+        const long long launches = cuda::lean_gemm_launches(), sk_launches = cuda::lean_stream_k_launches();
+        const Buffer got = run_on_gpu(c.args);
+        EXPECT_EQ(cuda::lean_gemm_launches(), launches + 1) << "the lean kernel did not run, lean=" << tiles;
+        EXPECT_EQ(cuda::lean_stream_k_launches(), sk_launches + (tail ? 1 : 0))
+            << "lean=" << tiles << ": " << num_tiles << " tiles on " << sms << " SMs";
+        split_cases += tail;
+        const auto cmp = testing::compare(got, expect);
+        EXPECT_EQ(cmp.non_finite, 0) << "lean=" << tiles;
+        EXPECT_LE(cmp.rel, tolerance(DType::BF16)) << "lean=" << tiles;
+        EXPECT_EQ(run_on_gpu(c.args).bytes, got.bytes) << "lean=" << tiles << ": a second run's bits differ";
+        if (shape.m == 2048 || shape.m == 516) {
+          int replay = 0;
+          for (const Buffer& again : run_captured(c.args, 2))
+            EXPECT_EQ(again.bytes, got.bytes) << "lean=" << tiles << ": graph replay " << replay++;
+        }
+      }
+    }
+  }
+  EXPECT_GE(split_cases, quick ? 3 : 16) << "too few launches had a partial wave to split";
 }
 
 // RunOptions::weights_static with E4M3 activations: the decode kernel requests its first weight tiles before it waits

@@ -225,6 +225,16 @@ struct LeanFp4B {
   int tiles_per_group = 0, blocks = 0;
 };
 
+// The dense lean kernel's stream-K tail (sm90_fp8_gemm_lean.cuh, kStreamK): tiles [0, dp_tiles) run whole, round
+// robin; the K blocks of the others, laid end to end, are split into gridDim.x equal contiguous ranges, one per CTA.
+// partials: gridDim.x slots of BLOCK_M x 128 floats (the CTA's one unfinished tile, in fragment order); flags:
+// gridDim.x ints, zero when the launch starts and when it ends (claim_split_counters).
+struct LeanStreamK {
+  int dp_tiles = 0;
+  float* partials = nullptr;
+  int* flags = nullptr;
+};
+
 // The decode kernel (sm90_fp4_decode.cuh) over groups (MoE experts at decode sizes): one CTA per (slot, 64-row weight
 // tile, K split); slot s < *list_count takes expert list[s] (moe_active_experts_kernel lists the experts with rows),
 // the CTAs of the other slots exit. The expert's rows are [offsets[e], offsets[e+1]) of A and of the output; its

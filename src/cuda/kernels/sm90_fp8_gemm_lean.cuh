@@ -108,6 +108,40 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
   lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
 }
 
+// kStreamK's walk over a CTA's work: tiles blockIdx.x, + gridDim.x, ... below dp_tiles whole, then its range of the
+// tail's K blocks (tiles dp_tiles .. num_tiles - 1 end to end, [begin(c), begin(c + 1)) for CTA c) as items of one tile
+// each, from the range's end down: its last item first, the one it may leave unfinished for a CTA above it, so that
+// the partial is ready long before that CTA needs it; its first item last, the one whose other K blocks come from the
+// CTAs below it.
+struct LeanItem {
+  int t = 0, kb0 = 0, kb1 = 0;
+};
+struct LeanStreamWalk {
+  int num_tiles, num_kb, dp_tiles;
+  int next_dp;
+  int64_t lo, hi;  // the range's items not yet walked: [lo, hi)
+  __device__ __forceinline__ LeanStreamWalk(int tiles, int kbs, int dp)
+      : num_tiles(tiles), num_kb(kbs), dp_tiles(dp), next_dp(static_cast<int>(blockIdx.x)),
+        lo(begin(static_cast<int>(blockIdx.x))), hi(begin(static_cast<int>(blockIdx.x) + 1)) {}
+  __device__ __forceinline__ int64_t begin(int c) const {
+    return static_cast<int64_t>(num_tiles - dp_tiles) * num_kb * c / static_cast<int>(gridDim.x);
+  }
+  __device__ __forceinline__ bool next(LeanItem& it) {
+    if (next_dp < dp_tiles) {
+      it = LeanItem{next_dp, 0, num_kb};
+      next_dp += static_cast<int>(gridDim.x);
+      return true;
+    }
+    if (hi <= lo) return false;
+    const int j = static_cast<int>((hi - 1) / num_kb);
+    const int64_t tile_begin = static_cast<int64_t>(j) * num_kb;
+    const int64_t from = lo > tile_begin ? lo : tile_begin;
+    it = LeanItem{dp_tiles + j, static_cast<int>(from - tile_begin), static_cast<int>(hi - tile_begin)};
+    hi = from;
+    return true;
+  }
+};
+
 // The body of both lean kernels. Dense (kGrouped false): tiles t = blockIdx.x, + gridDim.x, ...: row block
 // t % num_m_blocks, column block t / num_m_blocks; A scales M-major by the bulk copy; the epilogue through shared memory
 // and TMA stores. Grouped (the MoE Store GEMM): the GroupedScheduler's tiles over each expert's rows (a tile's rows past
@@ -154,12 +188,12 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
 // elsewhere the whole CTA leaves at once, as the kFp4B kernels do. FINEGEMM_FP4_EXPAND_LEAN=1 sends the expanded FP4
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
-          bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false>
+          bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false, bool kStreamK = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
                                                typename LeanGemm<BLOCK_M, kStages>::Sched sched,
-                                               const LeanFp4B& fp4) {
+                                               const LeanFp4B& fp4, const LeanStreamK& sk = LeanStreamK{}) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using L = LeanGemm<BLOCK_M, kStages>;
   constexpr int S = L::kStages;
@@ -195,6 +229,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(!kGated || (!kGrouped && !kFp4B && !kPair), "kGated: the dense E4M3 lean kernel, not paired");
   static_assert(!kShareA || kPair, "kShareA: a mode of the pairs");
   static_assert(!kSfbWarp || (!kGrouped && !kFp4B), "kSfbWarp: the dense E4M3 lean kernel");
+  static_assert(!kStreamK || (!kGrouped && !kFp4B && !kPair && !kGated && !kSfbWarp),
+                "kStreamK: the dense E4M3 lean kernel, unpaired, ungated, the consumers loading the B scales");
   if constexpr (kFp4B || kGated) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
     if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
@@ -467,7 +503,13 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       uint32_t lap_count = 0;
-      for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
+      // Tile t's K blocks [kb0, kb1) (a whole tile but in kStreamK's tail), as the consumers walk them.
+      LeanStreamWalk walk(num_tiles, num_kb, sk.dp_tiles);
+      LeanItem item{first_tile(), 0, num_kb};
+      for (bool more = kStreamK ? walk.next(item) : item.t < num_tiles; more;
+           more = kStreamK ? walk.next(item) : (item.t += tile_stride()) < num_tiles) {
+        const int t = item.t, kb0 = item.kb0, kb1 = item.kb1;
+        const int item_laps = kStreamK ? (kb1 - kb0 + S - 1) / S : laps;
         const Tile tile = tile_of(t);
         const int m0 = tile.m0, b_row0 = tile.group * p.n + tile.n0;
         constexpr bool kBulkA = kAScale && !kGrouped;
@@ -475,13 +517,13 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         const uint32_t sfa_bytes = !kBulkA || (kPair && m0 >= p.m)
                                        ? 0u
                                        : static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16);
-        for (int lap = 0; lap < laps; ++lap, ++lap_count) {
+        for (int lap = 0; lap < item_laps; ++lap, ++lap_count) {
           const uint32_t free_parity = (lap_count & 1u) ^ 1u;
 #pragma unroll
           for (int s = 0; s < S; ++s) {
-            const int kb = lap * S + s;
+            const int kb = kb0 + lap * S + s;
             ptx::mbar_wait(&empty[s], free_parity);
-            if (kb < num_kb) {
+            if (kb < (kStreamK ? kb1 : num_kb)) {
               ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + L::kStageB + sfa_bytes);
               if constexpr (kShareA) {
                 // This CTA's BLOCK_M / 2-row half of A into both CTAs (tma_a's box: BLOCK_M / 2 rows), its own B.
@@ -652,7 +694,13 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     x_load();
     for (int i = 0; i < kXAhead; ++i) expand_next();  // the first stages
   }
-  for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
+  // Tile t's K blocks [kb0, kb1): a whole tile, but in kStreamK's tail (the walk's items; without kStreamK the loop
+  // and its code are those of the kernels before it).
+  LeanStreamWalk walk(num_tiles, num_kb, sk.dp_tiles);
+  LeanItem item{first_tile(), 0, num_kb};
+  for (bool more = kStreamK ? walk.next(item) : item.t < num_tiles; more;
+       more = kStreamK ? walk.next(item) : (item.t += tile_stride()) < num_tiles) {
+    const int t = item.t, kb0 = item.kb0, kb1 = item.kb1;
     const Tile tile = tile_of(t);
     const int m0 = tile.m0, n0 = tile.n0;
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
@@ -754,14 +802,15 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       }
       if (kXAhead == 2) expand_next();  // kConsumerExpand at 192 rows: the stage after next, the accumulators free
     };
-    for (int lap = 0; lap < laps; ++lap, ++lap_count) {
+    const int item_laps = kStreamK ? (kb1 - kb0 + S - 1) / S : laps;
+    for (int lap = 0; lap < item_laps; ++lap, ++lap_count) {
       const uint32_t parity = lap_count & 1u;
-      const int left = num_kb - lap * S;
+      const int left = (kStreamK ? kb1 - kb0 : num_kb) - lap * S;
       if (left >= S) {
 #pragma unroll
-        for (int s = 0; s < S; ++s) k_block(s, lap * S + s, parity);
+        for (int s = 0; s < S; ++s) k_block(s, kb0 + lap * S + s, parity);
       } else {
-        for (int s = 0; s < left; ++s) k_block(s, lap * S + s, parity);
+        for (int s = 0; s < left; ++s) k_block(s, kb0 + lap * S + s, parity);
         for (int s = left; s < S; ++s) {  // the pad stages
           ptx::mbar_wait(&full[s], parity);
           release(s);
@@ -772,6 +821,51 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     if constexpr (kSfbWarp) {
       ptx::mbar_arrive(&sfb_empty[sfb_it & 1u]);  // the K loop's reads of this tile's B scales are done
       ++sfb_it;
+    }
+    if constexpr (kStreamK) {
+      // A tile of the tail whose K blocks span several CTAs: the CTA holding its last K block (kb1 == num_kb) stores
+      // it, after adding the partial totals of the CTAs below it that hold its other K blocks (each CTA's range is
+      // contiguous, so they are the CTAs just below, each at most one such partial: its range's last item, which it
+      // computed first). Their partials: slot c of sk.partials, 128-bit stores in fragment order (float4 i of thread
+      // x at i · kConsumerThreads + x), published by flag c (release), which the storing CTA waits for (acquire) and
+      // sets back to zero. A CTA waits only on CTAs of lower index, which the GPU starts no later than it.
+      constexpr int kVecs = 64 * L::kHalves / 4;
+      if (kb1 < num_kb) {
+        float4* slot = reinterpret_cast<float4*>(sk.partials) +
+                       static_cast<int64_t>(blockIdx.x) * (kVecs * L::kConsumerThreads) + threadIdx.x;
+#pragma unroll
+        for (int i = 0; i < kVecs; ++i)
+          slot[i * L::kConsumerThreads] = make_float4(total[4 * i], total[4 * i + 1], total[4 * i + 2], total[4 * i + 3]);
+        __threadfence();  // this thread's partials, visible on the device before the flag
+        ptx::named_bar_sync<1, L::kConsumerThreads>();
+        if (threadIdx.x == 0) ptx::st_release_gpu(sk.flags + blockIdx.x, 1);
+        continue;  // the owner stores the tile
+      }
+      if (kb0 > 0) {
+        const LeanStreamWalk w(num_tiles, num_kb, sk.dp_tiles);
+        const int64_t tile_begin = static_cast<int64_t>(t - sk.dp_tiles) * num_kb;
+        for (int c = static_cast<int>(blockIdx.x) - 1; c >= 0; --c) {
+          const int64_t c_begin = w.begin(c), c_end = w.begin(c + 1);
+          if (c_end <= tile_begin) break;  // CTA c's range ends before this tile
+          if (c_begin == c_end) continue;  // an empty range (fewer units than CTAs)
+          if (threadIdx.x == 0) {
+            while (ptx::ld_acquire_gpu(sk.flags + c) != 1) __nanosleep(64);
+            sk.flags[c] = 0;  // for the next launch (none reads it again in this one)
+          }
+          ptx::named_bar_sync<1, L::kConsumerThreads>();
+          const float4* slot = reinterpret_cast<const float4*>(sk.partials) +
+                               static_cast<int64_t>(c) * (kVecs * L::kConsumerThreads) + threadIdx.x;
+#pragma unroll
+          for (int i = 0; i < kVecs; ++i) {
+            // L2, not L1: written by another SM during this launch.
+            const float4 v = __ldcg(slot + i * L::kConsumerThreads);
+            total[4 * i] += v.x;
+            total[4 * i + 1] += v.y;
+            total[4 * i + 2] += v.z;
+            total[4 * i + 3] += v.w;
+          }
+        }
+      }
     }
     if constexpr (kGrouped) {
       // From registers: (v · rs + bias) · w, each step rounded, then to the output type; rows past the expert's end
@@ -908,15 +1002,15 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 // t / num_m_blocks.
 // kPair: 2-CTA clusters sharing B, or with kShareA sharing A (lean_gemm_body); num_tiles then counts the pairs' tiles.
 // kGated: the launch runs only where *p.gate matches.
+// kStreamK: tiles [0, sk.dp_tiles) whole, the rest's K blocks split evenly over the CTAs (LeanStreamWalk).
 template <int BLOCK_M, int kStages, bool kAScale, bool kPair = false, bool kGated = false, bool kShareA = false,
-          bool kSfbWarp = false>
+          bool kSfbWarp = false, bool kStreamK = false>
 __global__ void __launch_bounds__(LeanGemm<BLOCK_M, kStages>::kThreads, 1)
     sm90_fp8_gemm_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                               const __grid_constant__ CUtensorMap tma_out, const GemmParams p, int num_m_blocks,
-                              int num_tiles) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, 0, kPair, kGated, kShareA, kSfbWarp>(tma_a, tma_b, tma_out, p,
-                                                                                         num_m_blocks, num_tiles, {},
-                                                                                         LeanFp4B{});
+                              int num_tiles, const LeanStreamK sk) {
+  lean_gemm_body<BLOCK_M, kStages, kAScale, false, false, 0, kPair, kGated, kShareA, kSfbWarp, kStreamK>(
+      tma_a, tma_b, tma_out, p, num_m_blocks, num_tiles, {}, LeanFp4B{}, sk);
 }
 
 // The grouped lean kernel (the MoE Store GEMM; FINEGEMM_GROUPED_LEAN, off until measured): the scheduler's tiles over

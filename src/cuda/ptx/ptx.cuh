@@ -203,6 +203,16 @@ __device__ __forceinline__ bool named_bar_red_and(bool pred) {
   return all != 0u;
 }
 
+// ---- flags between CTAs of one grid (the lean kernel's stream-K fixup): a GPU-scope acquire load and release store.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 // ---- register reallocation between warpgroups
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -48,6 +48,14 @@ float* cached_workspace(int device, cudaStream_t stream, size_t bytes) {
   return w.ptr;
 }
 
+}  // namespace
+
+float* cached_split_workspace(int device, cudaStream_t stream, size_t bytes) {
+  return cached_workspace(device, stream, bytes);
+}
+
+namespace {
+
 // The schedulers of the shared-A pairs (column blocks counted in pairs) and of the 2x2 blocks (row and column blocks
 // counted in pairs).
 struct SharedASchedulers {

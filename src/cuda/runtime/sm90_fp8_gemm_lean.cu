@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "cuda/kernels/sm90_fp8_gemm_lean.cuh"
+#include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/gemm_launch.cuh"
 #include "cuda/runtime/sm90_fp8_gemm.hpp"
 
@@ -20,6 +22,8 @@ std::atomic<long long> lean_pair_launch_count[2] = {};
 
 // Launches of the kernel whose B scales come from the scale warp (kSfbWarp, FINEGEMM_GEMM_LEAN_SFB_WARP=1).
 std::atomic<long long> lean_sfb_warp_launch_count{0};
+// Launches with a stream-K tail (kStreamK, FINEGEMM_GEMM_LEAN_STREAMK=1).
+std::atomic<long long> lean_stream_k_launch_count{0};
 
 template <int BLOCK_M, int kStages>
 int lean_smem(int num_kb, bool sfb_warp) {
@@ -35,11 +39,11 @@ int lean_smem_bytes(int block_m, int stages, int num_kb, bool sfb_warp) {
 
 
 template <int BLOCK_M, int kStages, bool kAScale, bool kPair, bool kGated = false, bool kShareA = false,
-          bool kSfbWarp = false>
+          bool kSfbWarp = false, bool kStreamK = false>
 void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p, int device,
                  cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kPair, kGated, kShareA, kSfbWarp>;
+  auto kernel = sm90_fp8_gemm_lean_kernel<BLOCK_M, kStages, kAScale, kPair, kGated, kShareA, kSfbWarp, kStreamK>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   // kPair: each CTA of a pair loads one 64-row half of the B tile; kShareA: one BLOCK_M / 2-row half of the A tile.
@@ -80,11 +84,38 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
     }
     const int grid_clusters = static_cast<int>(std::min<int64_t>(tiles, clusters));
     launch_ex(false, 2, kernel, dim3(2 * grid_clusters), dim3(L::kThreads), static_cast<size_t>(smem), stream, tma_a,
-              tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
+              tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles), LeanStreamK{});
     lean_pair_launch_count[kShareA ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+  } else if constexpr (kStreamK) {
+    // The whole waves' tiles run whole; the last partial wave's K blocks split evenly over one CTA per SM (fewer where
+    // there is no whole wave and the tail has fewer K blocks than SMs). None where the waves are whole, or no flags are
+    // left (claim_split_counters): the plain kernel runs.
+    const int sms = num_sms_of_device(device);
+    const int64_t tail = tiles % sms;
+    const int64_t units = tail * (p.k / kGemmBlockK);
+    const int grid = tiles > tail ? sms : static_cast<int>(std::min<int64_t>(sms, units));
+    int* flags = tail > 0 ? claim_split_counters(device, stream, grid) : nullptr;
+    if (flags == nullptr) {
+      launch_lean<BLOCK_M, kStages, kAScale, false, false, false, false, false>(a, lda, b, ldb, p, device, stream);
+      return;
+    }
+    const size_t bytes = sizeof(float) * static_cast<size_t>(grid) * BLOCK_M * kLeanBlockN;
+    std::optional<StreamScratch> owned;  // under capture: a stream-ordered allocation, freed after the launch
+    float* partials = cached_split_workspace(device, stream, bytes);
+    if (partials == nullptr) {
+      owned.emplace(bytes, stream);
+      partials = owned->as<float>();
+    }
+    LeanStreamK sk;
+    sk.dp_tiles = static_cast<int>(tiles - tail);
+    sk.partials = partials;
+    sk.flags = flags;
+    kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles), sk);
+    lean_stream_k_launch_count.fetch_add(1, std::memory_order_relaxed);
   } else {
     const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
-    kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles));
+    kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles),
+                                                LeanStreamK{});
   }
   FG_CUDA_CHECK(cudaGetLastError());
   lean_launch_count.fetch_add(1, std::memory_order_relaxed);
@@ -263,6 +294,12 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
   return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb, lean_sfb_warp_default(p, lean_sfb_warp_mode())) <= max_smem;
 }
 
+bool lean_stream_k_wanted() {
+  return strict_env_bool("FINEGEMM_GEMM_LEAN_STREAMK", "a stream-K tail in the dense lean kernel", false);
+}
+
+long long lean_stream_k_launches() { return lean_stream_k_launch_count.load(std::memory_order_relaxed); }
+
 bool lean_unit_epilogue_wanted() {
   return strict_env_bool("FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE", "the lean epilogue's one addition without a row scale",
                          true);
@@ -274,7 +311,10 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
   p.lean_unit_epilogue = lean_unit_epilogue_wanted();
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
   // A gated call (lean_gemm_ok admits one with FINEGEMM_FP4_EXPAND_LEAN=1) takes the gated kernel, never paired.
-  const bool sfb_warp = lean_sfb_warp_default(p, lean_sfb_warp_mode());
+  // FINEGEMM_GEMM_LEAN_STREAMK=1: unset pair and scale-warp modes resolve to neither, for the stream-K tail.
+  const bool stream_k = p.gate == nullptr && lean_stream_k_wanted();
+  const int sfb_mode = lean_sfb_warp_mode(), pair_mode = lean_pair_mode();
+  const bool sfb_warp = stream_k && sfb_mode < 0 ? false : lean_sfb_warp_default(p, sfb_mode);
   auto launch = [&](auto a_scale, auto pair, auto gated, auto share_a) {
     constexpr bool kA = decltype(a_scale)::value, kP = decltype(pair)::value, kG = decltype(gated)::value,
                    kS = decltype(share_a)::value;
@@ -295,7 +335,19 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
     else launch(F{}, F{}, T{}, F{});
     return;
   }
-  const int pair = lean_pair_default(p, lean_pair_mode());
+  const int pair = stream_k && pair_mode < 0 ? 0 : lean_pair_default(p, pair_mode);
+  if (stream_k && pair == 0 && !sfb_warp) {
+    auto heights = [&](auto a_scale) {
+      constexpr bool kA = decltype(a_scale)::value;
+      if (block_m == 256) launch_lean<256, 3, kA, false, false, false, false, true>(a, lda, b, ldb, p, device, stream);
+      else if (block_m == 192) launch_lean<192, 4, kA, false, false, false, false, true>(a, lda, b, ldb, p, device, stream);
+      else if (stages == 5) launch_lean<128, 5, kA, false, false, false, false, true>(a, lda, b, ldb, p, device, stream);
+      else launch_lean<128, 4, kA, false, false, false, false, true>(a, lda, b, ldb, p, device, stream);
+    };
+    if (p.a_scale != nullptr) heights(T{});
+    else heights(F{});
+    return;
+  }
   if (p.a_scale != nullptr) {
     if (pair == 1) launch(T{}, T{}, F{}, F{});
     else if (pair == 2) launch(T{}, T{}, F{}, T{});
