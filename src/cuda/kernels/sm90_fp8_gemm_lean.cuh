@@ -553,6 +553,20 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           }
         }
       }
+    } else if (kStreamK && threadIdx.x / 32 == L::kConsumerThreads / 32 + 1) {
+      // ---------------- kStreamK: the producer warpgroup's second warp publishes the CTA's partial (its range ends
+      // inside a tile): once every consumer thread has stored its part and arrived on barrier 5, a GPU-scope fence
+      // (cumulative over the stores the barrier ordered before it) and the flag, so that the consumers go on to their
+      // next item without waiting for their stores to reach L2.
+      const LeanStreamWalk w(num_tiles, num_kb, sk.dp_tiles);
+      const int64_t hi = w.begin(static_cast<int>(blockIdx.x) + 1);
+      if (hi > w.begin(static_cast<int>(blockIdx.x)) && hi % num_kb != 0) {
+        ptx::named_bar_sync<5, L::kConsumerThreads + 32>();
+        if (lane == 0) {
+          __threadfence();
+          ptx::st_release_gpu(sk.flags + blockIdx.x, 1);
+        }
+      }
     } else if (kSfbWarp && threadIdx.x / 32 == L::kConsumerThreads / 32 + 1) {
       // ---------------- kSfbWarp: the producer warpgroup's second warp loads each tile's B scales for every K block
       // into buffer (tile count) % 2, once the consumers have left that buffer's tile before last.
@@ -828,7 +842,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       // contiguous, so they are the CTAs just below, each at most one such partial: its range's last item, which it
       // computed first). Their partials: slot c of sk.partials, 128-bit stores in fragment order (float4 i of thread
       // x at i · kConsumerThreads + x), published by flag c (release), which the storing CTA waits for (acquire) and
-      // sets back to zero. A CTA waits only on CTAs of lower index, which the GPU starts no later than it.
+      // sets back to zero; the producer warpgroup's second warp sets it (above). A CTA waits only on CTAs of lower
+      // index, which the GPU starts no later than it.
       constexpr int kVecs = 64 * L::kHalves / 4;
       if (kb1 < num_kb) {
         float4* slot = reinterpret_cast<float4*>(sk.partials) +
@@ -836,9 +851,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
         for (int i = 0; i < kVecs; ++i)
           slot[i * L::kConsumerThreads] = make_float4(total[4 * i], total[4 * i + 1], total[4 * i + 2], total[4 * i + 3]);
-        __threadfence();  // this thread's partials, visible on the device before the flag
-        ptx::named_bar_sync<1, L::kConsumerThreads>();
-        if (threadIdx.x == 0) ptx::st_release_gpu(sk.flags + blockIdx.x, 1);
+        ptx::named_bar_arrive<5, L::kConsumerThreads + 32>();  // the publishing warp sets the flag
         continue;  // the owner stores the tile
       }
       if (kb0 > 0) {
