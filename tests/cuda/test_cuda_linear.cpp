@@ -655,14 +655,15 @@ TEST(GemmConfig, LeanTileHeight) {
   }
 }
 
-// FINEGEMM_FP4_LEAN's tile height (host code): unset, grouped calls from 64 to 255 rows per expert take 192 rows and
-// the rest none; 0 off; dense calls take 128 rows for any other value; grouped calls the height given, and for 1 192
+// FINEGEMM_FP4_LEAN's tile height (host code): unset, grouped calls from 64 to 95 rows per expert take 128 rows, from
+// 96 to 255 192 rows, and the rest none; 0 off; dense calls take 128 rows for any other value; grouped calls the height given, and for 1 192
 // rows from 96 rows per expert, else 128; anything else is an error naming the variable and the value.
 TEST(GemmConfig, Fp4LeanSwitch) {
   {
     const ScopedEnv unset("FINEGEMM_FP4_LEAN", "");
     for (const auto& [grouped, rows, want] : {std::tuple{false, int64_t{0}, 0}, {false, int64_t{128}, 0},
-                                              {true, int64_t{63}, 0}, {true, int64_t{64}, 192}, {true, int64_t{128}, 192},
+                                              {true, int64_t{63}, 0}, {true, int64_t{64}, 128}, {true, int64_t{95}, 128},
+                                              {true, int64_t{96}, 192}, {true, int64_t{128}, 192},
                                               {true, int64_t{255}, 192}, {true, int64_t{256}, 0}, {true, int64_t{4096}, 0}})
       EXPECT_EQ(cuda::fp4_lean_block_m(grouped, rows), want) << "unset, grouped=" << grouped << " rows=" << rows;
   }
@@ -736,8 +737,17 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
     EXPECT_EQ(cuda::lean_pair_default(params(128, 7168), mode), mode);
   }
   check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND",
-                    {{"", 1}, {"serial", 0}, {"batched", 1}, {"split", 2}, {"consumers", 3}},
+                    {{"", -1}, {"serial", 0}, {"batched", 1}, {"split", 2}, {"consumers", 3}},
                     {"1", "Batched", "ilp", "consumer"}, [] { return cuda::fp4_lean_expand_mode(); });
+  // Unset: the consumers at grouped 128-row tiles, the batched producers elsewhere; a set mode wins everywhere.
+  EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 128, true), 3);
+  EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 192, true), 1);
+  EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 256, true), 1);
+  EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 128, false), 1);
+  for (int mode : {0, 1, 2, 3}) {
+    EXPECT_EQ(cuda::fp4_lean_expand_for(mode, 128, true), mode);
+    EXPECT_EQ(cuda::fp4_lean_expand_for(mode, 192, true), mode);
+  }
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", true}, {"0", false}, {"1", true}}, {"2", "lean"},
                      [] { return cuda::fp4_expand_lean_wanted(); });
   check_switch<int>("FINEGEMM_GEMM_LEAN_SFB_WARP", {{"", -1}, {"0", 0}, {"1", 1}}, {"2", "on", "yes"},

@@ -222,12 +222,17 @@ void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                                   const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
                                   cudaStream_t stream);
-// The tile height FINEGEMM_FP4_LEAN asks for: 0 (unset or 0: off); dense calls take 128 for any other value; grouped
-// calls take 128, 192 or 256 as given, and for 1 192 where the experts average 96 rows or more, else 128.
+// The tile height FINEGEMM_FP4_LEAN asks for: unset, grouped calls from 64 to 255 rows per expert take 128 below 96
+// rows and 192 from 96, the rest 0 (off); 0 off; dense calls take 128 for any other value; grouped calls take 128,
+// 192 or 256 as given, and for 1 192 where the experts average 96 rows or more, else 128.
 int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group);
-// FINEGEMM_FP4_LEAN_EXPAND: the FP4 lean kernel's expansion: 0 serial (unset or "serial"), 1 "batched", 2 "split"
-// (two producer warpgroups). Anything else throws, naming the variable and the value.
+// FINEGEMM_FP4_LEAN_EXPAND: the FP4 lean kernel's expansion: -1 unset (by height, fp4_lean_expand_for), 0 "serial",
+// 1 "batched", 2 "split" (two producer warpgroups), 3 "consumers". Anything else throws, naming the variable and the
+// value.
 int fp4_lean_expand_mode();
+// The expansion a launch takes under fp4_lean_expand_mode() == mode: mode itself where set, else the consumers (3) for
+// grouped 128-row tiles and the batched producers (1) elsewhere.
+int fp4_lean_expand_for(int mode, int block_m, bool grouped);
 // How many FP4 lean launches this process has made (dense and grouped; tests check that the switch took them).
 long long lean_fp4_launches();
 

@@ -120,7 +120,7 @@ void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_
                                const LeanFp4B& fp4, int device, cudaStream_t stream) {
   auto launch = [&](auto a_scale) {
     constexpr bool kA = decltype(a_scale)::value;
-    switch (fp4_lean_expand_mode()) {
+    switch (fp4_lean_expand_for(fp4_lean_expand_mode(), 128, false)) {
       case 3: launch_dense<128, kDenseFp4Stages, kA, 3>(a, lda, b, ldb, view, fp4, device, stream); break;
       case 2: launch_dense<128, kDenseFp4Stages, kA, 2>(a, lda, b, ldb, view, fp4, device, stream); break;
       case 1: launch_dense<128, kDenseFp4Stages, kA, 1>(a, lda, b, ldb, view, fp4, device, stream); break;
@@ -147,8 +147,9 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
     else if (stages == 5) launch_grouped<128, 5, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
     else launch_grouped<128, 4, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
   };
+  const int mode = fp4_lean_expand_for(fp4_lean_expand_mode(), block_m, true);
   auto with_mode = [&](auto a_scale) {
-    switch (fp4_lean_expand_mode()) {
+    switch (mode) {
       case 3: launch(a_scale, std::integral_constant<int, 3>{}); break;
       case 2: launch(a_scale, std::integral_constant<int, 2>{}); break;
       case 1: launch(a_scale, std::integral_constant<int, 1>{}); break;
@@ -162,12 +163,18 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
 int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN");
   const std::string v = env ? env : "";
-  // Unset: the grouped Store GEMMs at 192 rows from 64 to 255 rows per expert, where it measured faster than the
-  // expanded path (stop 39, H200, DeepSeek-V3 layer with FP4 experts: T = 2048 (64 rows per expert) 10917 -> 7866 µs,
-  // T = 4096 (128) 11618 -> 8737). From 256 rows per expert the expansion's cost is shared by more rows and the lean
-  // kernel's producers (about 2.4x the E4M3 lean kernel's time per K block) are expected to lose: not measured there.
-  // Dense FP4 prefill keeps the expanded path (M = 4096 N = 4096 K = 7168: 247 µs expanded, 458 lean).
-  if (v.empty()) return grouped && expected_rows_per_group >= 64 && expected_rows_per_group < 256 ? 192 : 0;
+  // Unset: the grouped Store GEMMs from 64 to 255 rows per expert, where it measured faster than the expanded path
+  // (stop 39, H200, DeepSeek-V3 layer with FP4 experts: T = 2048 (64 rows per expert) 10917 -> 7866 µs, T = 4096 (128)
+  // 11618 -> 8737): at 128 rows below 96 rows per expert (with the consumers' expansion, fp4_lean_expand_for), at 192
+  // rows from 96. Stop 49 (H200, event-timed, the layer checked against the CPU reference): T = 2048 7412 µs at 192
+  // rows batched, 6417 at 128 rows with the consumers, 7263 at 192 with the consumers; T = 4096 8273 / 9433 / 8396
+  // (stop 47 on an H100: 7403 / 6456 at T = 2048, 8490 / 9594 at 4096). From 256 rows per expert the expansion's cost
+  // is shared by more rows and the lean kernel is expected to lose: not measured there. Dense FP4 prefill keeps the
+  // expanded path (M = 4096 N = 4096 K = 7168, H200 stop 49: 197.9 µs expanded, 353.3 lean with the consumers).
+  if (v.empty()) {
+    if (!grouped || expected_rows_per_group < 64 || expected_rows_per_group >= 256) return 0;
+    return expected_rows_per_group < 96 ? 128 : 192;
+  }
   if (v == "0") return 0;
   if (v != "1" && v != "128" && v != "192" && v != "256")
     throw Error("FINEGEMM_FP4_LEAN: expected 0 (off), 1, 128, 192 or 256 (the grouped tile height), got '" + v + "'");
@@ -182,18 +189,27 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
 // that cannot take a mode fall back (launch_sm90_fp4_grouped_lean). Batched by default since stop 43 (H200,
 // bench/results/stop43_call2_2026-12-05_06500c5.json): the DeepSeek-V3 FP4 layer at T = 4096 (192-row tiles) 8588 µs
 // against 8887 serial; dense M = 4096 N = 4096 K = 7168 on the lean FP4 kernel 447.9 against 463.4 serial, 424.3 split;
-// split at 128 rows took the layer to 10530. "consumers" (stop 47, off until measured): the consumer warpgroups expand
+// split at 128 rows took the layer to 10530. "consumers" (stop 47; the default at 128-row grouped tiles since stop 49,
+// fp4_lean_expand_for): the consumer warpgroups expand
 // (kExpand 3), each thread of the first two two groups of a row: at 128 rows one stage ahead, while their wgmma run;
 // at 192 two stages ahead, after their promotion (256-row tiles keep the serial producers), 3.
 int fp4_lean_expand_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN_EXPAND");
   const std::string v = env ? env : "";
+  if (v.empty()) return -1;
   if (v == "serial") return 0;
-  if (v.empty() || v == "batched") return 1;
+  if (v == "batched") return 1;
   if (v == "split") return 2;
   if (v == "consumers") return 3;
   throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial, batched, split or consumers (who expands the FP4 weights), got '" +
               v + "'");
+}
+
+// Unset (-1): the consumers at 128-row grouped tiles (stop 49's default for 64-95 rows per expert, fp4_lean_block_m),
+// the batched producers elsewhere.
+int fp4_lean_expand_for(int mode, int block_m, bool grouped) {
+  if (mode >= 0) return mode;
+  return grouped && block_m == 128 ? 3 : 1;
 }
 
 long long lean_fp4_launches() { return lean_fp4_launch_count.load(std::memory_order_relaxed); }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Stop 49 call 4 (carry [".snap/prebuilt.txz", ".snap/c3.sh"]; <= ~400 s): the new MoE FP4 default (128-row tiles with
+# the consumers' expansion below 96 rows per expert, 192 rows batched from 96): the DeepSeek-V3 layer at T = 2048 /
+# 4096 by default, the old default forced, and FP8, each checked against the CPU reference; then test_cuda_moe and
+# test_cuda_fp4 (3 shards each, side by side), then test_cuda_linear (4 shards) as time allows.
+cd "$(dirname "$0")"
+mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
+B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
+el() { echo "($(( $(date +%s) - s0 )) s)"; }
+left() { [ $(( $(date +%s) - s0 )) -lt $1 ]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+moe() {  # name, env...
+  local name=$1; shift
+  env "$@" timeout 50 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 2048,4096 --recipes ${R:-fp4} --check-tokens 1 >$W/moe_$name.log 2>&1
+  echo "-- MoE $name ($*) $(el)"; grep -h '^{' $W/moe_$name.log | python3 -c '
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print("  %-22s T=%-5d layer=%9.1f us gemm=%6.1f TFLOP/s check=%s rel=%.2e" % (r["variant"], r["T"], r["layer_us"], r["gemm_tflops"], r["check"], r["rel_err"]))'
+  grep -hiE "error|fail" $W/moe_$name.log | head -3
+}
+moe default FINEGEMM_NOTHING=1
+moe old FINEGEMM_FP4_LEAN=192 FINEGEMM_FP4_LEAN_EXPAND=batched
+R=dynamic moe fp8 FINEGEMM_NOTHING=1
+shards() {  # binary, shard count, timeout
+  for i in $(seq 0 $(( $2 - 1 ))); do
+    GTEST_TOTAL_SHARDS=$2 GTEST_SHARD_INDEX=$i timeout $3 $B/tests/$1 >$W/$1_$i.log 2>&1 &
+  done
+}
+if left 200; then
+  shards test_cuda_moe 3 170
+  shards test_cuda_fp4 3 170
+  wait; echo "moe and fp4 tests $(el)"
+fi
+if left 250; then
+  shards test_cuda_linear 4 $(( 380 - ($(date +%s) - s0) ))
+  wait; echo "linear tests $(el)"
+fi
+for f in $W/*.log; do
+  case $f in *moe_*) continue ;; esac
+  printf '%-28s %s\n' "$(basename $f .log)" "$(grep -hE '^\[  (PASSED|FAILED)  \]' $f | tail -2 | tr '\n' ' ')"
+  grep -hE "^\[  FAILED  \]|Failure" $f | head -4
+done
+cd $OUT && tar czf all.tgz w && rm -rf w
+echo "total $(( $(date +%s) - s0 )) s"
