@@ -18,6 +18,29 @@ for l in sys.stdin:
     r = json.loads(l); print("  %-22s T=%-5d layer=%9.1f us gemm=%6.1f TFLOP/s check=%s rel=%.2e" % (r["variant"], r["T"], r["layer_us"], r["gemm_tflops"], r["check"], r["rel_err"]))'
   grep -hiE "error|fail" $W/moe_$name.log | head -3
 }
+# Power and SM clock while the lean kernel runs M = 4096 N = 4096 K = 7168 (default, then stream-K): if the GPU sits at
+# its power limit with the clock below 1980 MHz, filling the last wave's idle SMs cannot speed it up.
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv,noheader -lms 50 >$W/power.csv 2>&1 &
+PW=$!
+timeout 40 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants block-fp32-dynamic --envs ";FINEGEMM_GEMM_LEAN_STREAMK=1" >$W/pw.jsonl 2>$W/pw.err
+kill $PW; wait $PW 2>/dev/null
+echo "-- power $(el)"; grep -h '^{' $W/pw.jsonl | python3 -c '
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print("  M=%d N=%d K=%d %-30s graph=%8.2f us" % (r["m"], r["n"], r["k"], r["env"] or "default", r["us_graph"] or 0))'
+python3 - $W/power.csv <<'PY'
+import sys
+rows = []
+for l in open(sys.argv[1]):
+    f = [x.strip() for x in l.split(",")]
+    try: rows.append((float(f[1].split()[0]), float(f[2].split()[0]), float(f[3].split()[0])))
+    except (ValueError, IndexError): pass
+busy = [r for r in rows if r[1] > 300]
+print("  samples %d, busy (> 300 W) %d" % (len(rows), len(busy)))
+if busy:
+    cl = sorted(r[0] for r in busy); pw = sorted(r[1] for r in busy)
+    print("  busy SM clock MHz min %.0f median %.0f max %.0f; power W median %.0f max %.0f (limit %.0f)" % (cl[0], cl[len(cl)//2], cl[-1], pw[len(pw)//2], pw[-1], busy[0][2]))
+PY
 moe default FINEGEMM_NOTHING=1
 moe old FINEGEMM_FP4_LEAN=192 FINEGEMM_FP4_LEAN_EXPAND=batched
 R=dynamic moe fp8 FINEGEMM_NOTHING=1
