@@ -764,8 +764,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
     EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 512), mode), mode == 1);
     EXPECT_EQ(cuda::lean_sfb_warp_default(params(4096, 7168), mode), mode == 1);
   }
-  check_switch<bool>("FINEGEMM_GEMM_LEAN_STREAMK", {{"", false}, {"0", false}, {"1", true}}, {"2", "on", "streamk"},
-                     [] { return cuda::lean_stream_k_wanted(); });
+  check_switch<int>("FINEGEMM_GEMM_LEAN_STREAMK", {{"", 0}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "on", "streamk"},
+                    [] { return cuda::lean_stream_k_mode(); });
   check_switch<bool>("FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE", {{"", true}, {"0", false}, {"1", true}}, {"2", "off"},
                      [] { return cuda::lean_unit_epilogue_wanted(); });
   check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
@@ -1503,7 +1503,8 @@ TEST_F(CudaTest, LeanScaleWarpManyTiles) {
 // 256 rows (54 or 55 K blocks per CTA of a tile's 56: nearly every tile over two CTAs). Against the CPU reference
 // (the last shape against the general kernel, within the same tolerance), no non-finite value in a poisoned output,
 // the same bits on a second run (the partials are added in a fixed order), its launch counted where a wave is partial,
-// and captured in a graph and replayed twice (stream-ordered partials, the capture's flags). The first recipe with
+// and captured in a graph and replayed twice (stream-ordered partials, the capture's flags); with
+// FINEGEMM_GEMM_LEAN_STREAMK=2 (every tile whole) the plain lean kernel's bits. The first recipe with
 // 1x128 activations and a static one; FINEGEMM_TEST_QUICK=1 (the sanitizers): the first recipe, the first two shapes.
 TEST_F(CudaTest, LeanStreamKTail) {
   const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
@@ -1558,6 +1559,19 @@ TEST_F(CudaTest, LeanStreamKTail) {
           for (const Buffer& again : run_captured(c.args, 2))
             EXPECT_EQ(again.bytes, got.bytes) << "lean=" << tiles << ": graph replay " << replay++;
         }
+        // Mode 2 (diagnostics): the stream-K kernel with every tile whole gives the plain lean kernel's bits.
+        Buffer plain, whole;
+        {
+          const ScopedEnv off("FINEGEMM_GEMM_LEAN_STREAMK", "0");
+          plain = run_on_gpu(c.args);
+        }
+        {
+          const ScopedEnv two("FINEGEMM_GEMM_LEAN_STREAMK", "2");
+          const long long before = cuda::lean_stream_k_launches();
+          whole = run_on_gpu(c.args);
+          EXPECT_EQ(cuda::lean_stream_k_launches(), before + 1) << "lean=" << tiles << ": FINEGEMM_GEMM_LEAN_STREAMK=2";
+        }
+        EXPECT_EQ(whole.bytes, plain.bytes) << "lean=" << tiles << ": FINEGEMM_GEMM_LEAN_STREAMK=2 is not the plain bits";
       }
     }
   }

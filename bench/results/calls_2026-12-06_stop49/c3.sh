@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 49 call 4 (carry [".snap/prebuilt.txz", ".snap/c3.sh"]; <= ~215 s): the new MoE FP4 default (128-row tiles with
+# Stop 49 call 4 (carry [".snap/prebuilt.txz", ".snap/c3.sh"]; <= ~260 s): the stream-K kernel's per-CTA trace, then the new MoE FP4 default (128-row tiles with
 # the consumers' expansion below 96 rows per expert, 192 rows batched from 96): the DeepSeek-V3 layer at T = 2048 /
 # 4096 by default, the old default forced, and FP8, each checked against the CPU reference; then test_cuda_moe and
 # test_cuda_fp4 (3 shards each, side by side), then test_cuda_linear (4 shards) as time allows.
@@ -41,6 +41,16 @@ if busy:
     cl = sorted(r[0] for r in busy); pw = sorted(r[1] for r in busy)
     print("  busy SM clock MHz min %.0f median %.0f max %.0f; power W median %.0f max %.0f (limit %.0f)" % (cl[0], cl[len(cl)//2], cl[-1], pw[len(pw)//2], pw[-1], busy[0][2]))
 PY
+# The stream-K kernel's per-CTA trace (scripts/lean-trace): every tile whole (mode 2, the plain kernel's schedule and
+# bits) and with the tail split (mode 1), at the two shapes where it lost most.
+for shape in 4096:4096:7168 512:4096:7168; do
+  IFS=: read m n k <<<"$shape"
+  for mode in 2 1; do
+    FINEGEMM_GEMM_LEAN_STREAMK=$mode FINEGEMM_GEMM_LEAN_TRACE_FILE=$W/lean_trace.txt FINEGEMM_GEMM_LEAN_TRACE_CALL=10 \
+      timeout 40 $B/bench/bench_cuda_linear --m-major-scales --m $m --nk $n:$k --variants block-fp32-dynamic >$W/trace_${m}_$mode.jsonl 2>&1
+  done
+done
+echo "-- lean trace $(el)"; python3 scripts/lean-trace $W/lean_trace.txt 2>&1 | head -40
 moe default FINEGEMM_NOTHING=1
 moe old FINEGEMM_FP4_LEAN=192 FINEGEMM_FP4_LEAN_EXPAND=batched
 R=dynamic moe fp8 FINEGEMM_NOTHING=1
@@ -49,9 +59,9 @@ shards() {  # binary, shard count, timeout
     GTEST_TOTAL_SHARDS=$2 GTEST_SHARD_INDEX=$i timeout $3 $B/tests/$1 >$W/$1_$i.log 2>&1 &
   done
 }
-if left 100; then
-  shards test_cuda_moe 3 $(( 210 - ($(date +%s) - s0) ))
-  shards test_cuda_fp4 3 $(( 210 - ($(date +%s) - s0) ))
+if left 130; then
+  shards test_cuda_moe 3 $(( 250 - ($(date +%s) - s0) ))
+  shards test_cuda_fp4 3 $(( 250 - ($(date +%s) - s0) ))
   wait; echo "moe and fp4 tests $(el)"
 fi
 if left 0; then  # skipped: the stream-K test ran in calls 1 and 3, nothing else in linear changed

@@ -229,10 +229,23 @@ struct LeanFp4B {
 // robin; the K blocks of the others, laid end to end, are split into gridDim.x equal contiguous ranges, one per CTA.
 // partials: gridDim.x slots of BLOCK_M x 128 floats (the CTA's one unfinished tile, in fragment order); flags:
 // gridDim.x ints, zero when the launch starts and when it ends (claim_split_counters).
+// trace (FINEGEMM_GEMM_LEAN_TRACE_FILE, diagnostics): consumer thread 0 of each CTA stamps its first kLeanTraceItems
+// items (LeanTrace), or nullptr.
+inline constexpr int kLeanTraceItems = 8;
+inline constexpr int kLeanTraceStamps = 6;
+struct LeanTrace {
+  // Per CTA and item: the item (t, kb0, kb1) and, each as %globaltimer (ns) then clock64, at the item's start, after
+  // its B scales, after its K loop, after the partial's store (a tile left to its owner) or the owner's last flag,
+  // after the partials' adds, and at its end.
+  int item[3];
+  int pad;
+  unsigned long long stamp[kLeanTraceStamps][2];
+};
 struct LeanStreamK {
   int dp_tiles = 0;
   float* partials = nullptr;
   int* flags = nullptr;
+  LeanTrace* trace = nullptr;
 };
 
 // The decode kernel (sm90_fp4_decode.cuh) over groups (MoE experts at decode sizes): one CTA per (slot, 64-row weight

@@ -116,6 +116,15 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
 struct LeanItem {
   int t = 0, kb0 = 0, kb1 = 0;
 };
+// kStreamK's trace (LeanStreamK::trace): stamp `which` of item `n` of this CTA, by the calling thread.
+__device__ __forceinline__ void lean_trace_stamp(LeanTrace* trace, int n, int which) {
+  if (trace == nullptr || n >= kLeanTraceItems) return;
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  LeanTrace& e = trace[blockIdx.x * kLeanTraceItems + n];
+  e.stamp[which][0] = g;
+  e.stamp[which][1] = static_cast<unsigned long long>(clock64());
+}
 struct LeanStreamWalk {
   int num_tiles, num_kb, dp_tiles;
   int next_dp;
@@ -712,9 +721,19 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   // and its code are those of the kernels before it).
   LeanStreamWalk walk(num_tiles, num_kb, sk.dp_tiles);
   LeanItem item{first_tile(), 0, num_kb};
+  int item_n = -1;  // kStreamK's trace: this CTA's items so far
+  LeanTrace* const trace = kStreamK && threadIdx.x == 0 ? sk.trace : nullptr;
   for (bool more = kStreamK ? walk.next(item) : item.t < num_tiles; more;
        more = kStreamK ? walk.next(item) : (item.t += tile_stride()) < num_tiles) {
     const int t = item.t, kb0 = item.kb0, kb1 = item.kb1;
+    if constexpr (kStreamK) {
+      ++item_n;
+      if (trace != nullptr && item_n < kLeanTraceItems) {
+        LeanTrace& e = trace[blockIdx.x * kLeanTraceItems + item_n];
+        e.item[0] = t, e.item[1] = kb0, e.item[2] = kb1;
+      }
+      lean_trace_stamp(trace, item_n, 0);
+    }
     const Tile tile = tile_of(t);
     const int m0 = tile.m0, n0 = tile.n0;
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
@@ -729,6 +748,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         smem_sfb[i] = load_b_scale(p, tile.group, (kShareA ? min(n0, p.n - 1) : n0) / p.b_block_n, i);
       ptx::named_bar_sync<1, L::kConsumerThreads>();
     }
+    if constexpr (kStreamK) lean_trace_stamp(trace, item_n, 1);
     if constexpr (kGrouped) {
       // A warpgroup whose rows all lie past the expert's end (its first pass's first row, so every pass's) only waits
       // for and releases the tile's stages: no wgmma, promotion or stores, so that the tensor cores run the other
@@ -836,6 +856,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       ptx::mbar_arrive(&sfb_empty[sfb_it & 1u]);  // the K loop's reads of this tile's B scales are done
       ++sfb_it;
     }
+    if constexpr (kStreamK) lean_trace_stamp(trace, item_n, 2);
     if constexpr (kStreamK) {
       // A tile of the tail whose K blocks span several CTAs: the CTA holding its last K block (kb1 == num_kb) stores
       // it, after adding the partial totals of the CTAs below it that hold its other K blocks (each CTA's range is
@@ -852,6 +873,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         for (int i = 0; i < kVecs; ++i)
           slot[i * L::kConsumerThreads] = make_float4(total[4 * i], total[4 * i + 1], total[4 * i + 2], total[4 * i + 3]);
         ptx::named_bar_arrive<5, L::kConsumerThreads + 32>();  // the publishing warp sets the flag
+        lean_trace_stamp(trace, item_n, 3);
         continue;  // the owner stores the tile
       }
       if (kb0 > 0) {
@@ -864,6 +886,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           if (threadIdx.x == 0) {
             while (ptx::ld_acquire_gpu(sk.flags + c) != 1) __nanosleep(64);
             sk.flags[c] = 0;  // for the next launch (none reads it again in this one)
+            lean_trace_stamp(trace, item_n, 3);
           }
           ptx::named_bar_sync<1, L::kConsumerThreads>();
           const float4* slot = reinterpret_cast<const float4*>(sk.partials) +
@@ -878,6 +901,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
             total[4 * i + 3] += v.w;
           }
         }
+        lean_trace_stamp(trace, item_n, 4);
       }
     }
     if constexpr (kGrouped) {
@@ -998,6 +1022,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                             n0 * 2 + box * 128, m0 + wg * 64 + L::kPassRows * half);
       ptx::bulk_commit_group();
     }
+    if constexpr (kStreamK) lean_trace_stamp(trace, item_n, 5);
   }
   if constexpr (!kGrouped)
     if (wtid == 0) ptx::bulk_wait_group<0>();  // the last stores have read shared memory before the CTA leaves

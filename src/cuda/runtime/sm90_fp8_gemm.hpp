@@ -85,12 +85,13 @@ bool fp4_expand_lean_wanted();
 long long lean_gemm_launches();
 // How many of them ran in 2-CTA pairs sharing A (share_a) or B (FINEGEMM_GEMM_LEAN_PAIR).
 long long lean_pair_launches(bool share_a);
-// FINEGEMM_GEMM_LEAN_STREAMK: "1" gives the dense lean kernel a stream-K tail where its tiles leave the last wave
-// partial (the tail's K blocks split evenly over every SM; lean_gemm_body's kStreamK), "0" or unset not. Only unpaired,
-// ungated launches with the consumers loading the B scales take it (with "1" the unset pair and scale-warp modes
-// resolve to those; set explicitly, they win). Anything else throws, naming the variable and the value. The counter
-// gives its launches (tests).
-bool lean_stream_k_wanted();
+// FINEGEMM_GEMM_LEAN_STREAMK: 1 ("1") gives the dense lean kernel a stream-K tail where its tiles leave the last wave
+// partial (the tail's K blocks split evenly over every SM; lean_gemm_body's kStreamK), 0 ("0" or unset) not, 2 ("2",
+// diagnostics) runs its kernel with every tile whole (the baseline of its trace, FINEGEMM_GEMM_LEAN_TRACE_FILE). Only
+// unpaired, ungated launches with the consumers loading the B scales take it (set, the unset pair and scale-warp
+// modes resolve to those; set explicitly, they win). Anything else throws, naming the variable and the value. The
+// counter gives its launches (tests).
+int lean_stream_k_mode();
 long long lean_stream_k_launches();
 // The split-K partials' buffer cached per (device, stream), `bytes` or more; nullptr under graph capture or on
 // cudaStreamPerThread (the caller then takes a stream-ordered allocation).

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cuda/kernels/sm90_fp8_gemm_lean.cuh"
 #include "cuda/runtime/gemm_args.hpp"
@@ -24,6 +26,53 @@ std::atomic<long long> lean_pair_launch_count[2] = {};
 std::atomic<long long> lean_sfb_warp_launch_count{0};
 // Launches with a stream-K tail (kStreamK, FINEGEMM_GEMM_LEAN_STREAMK=1).
 std::atomic<long long> lean_stream_k_launch_count{0};
+
+// FINEGEMM_GEMM_LEAN_TRACE_FILE (diagnostics, stream-K kernels only): launch number FINEGEMM_GEMM_LEAN_TRACE_CALL
+// (default 20) of the process's uncaptured stream-K launches stamps its items (LeanTrace) and appends them to the file
+// after the launch (the stream is synchronised: a traced run times nothing). scripts/lean-trace summarises them.
+LeanTrace* lean_trace_begin(int sms, cudaStream_t stream) {
+  const char* file = std::getenv("FINEGEMM_GEMM_LEAN_TRACE_FILE");
+  if (file == nullptr || *file == 0) return nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  static int calls = 0;
+  const char* which = std::getenv("FINEGEMM_GEMM_LEAN_TRACE_CALL");
+  if (calls++ != (which && *which ? std::atoi(which) : 20)) return nullptr;
+  static LeanTrace* buf = nullptr;
+  static int buf_sms = 0;
+  if (buf_sms < sms) {
+    if (buf) FG_CUDA_CHECK(cudaFree(buf));
+    FG_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(LeanTrace) * kLeanTraceItems * sms));
+    buf_sms = sms;
+  }
+  FG_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, sizeof(LeanTrace) * kLeanTraceItems * sms, stream));
+  return buf;
+}
+
+// One line per traced item: cta item t kb0 kb1, then each stamp's globaltimer and clock64 (-1 where not stamped).
+void lean_trace_end(LeanTrace* trace, const GemmParams& p, int block_m, int grid, int dp_tiles, int sms,
+                    cudaStream_t stream) {
+  if (trace == nullptr) return;
+  std::vector<LeanTrace> host(static_cast<size_t>(kLeanTraceItems) * sms);
+  FG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  FG_CUDA_CHECK(cudaMemcpy(host.data(), trace, sizeof(LeanTrace) * host.size(), cudaMemcpyDeviceToHost));
+  FILE* f = std::fopen(std::getenv("FINEGEMM_GEMM_LEAN_TRACE_FILE"), "a");
+  if (f == nullptr) return;
+  std::fprintf(f, "# lean trace m=%d n=%d k=%d block_m=%d grid=%d dp_tiles=%d mode=%d\n", p.m, p.n, p.k, block_m, grid,
+               dp_tiles, lean_stream_k_mode());
+  for (int c = 0; c < grid; ++c)
+    for (int i = 0; i < kLeanTraceItems; ++i) {
+      const LeanTrace& e = host[static_cast<size_t>(c) * kLeanTraceItems + i];
+      if (e.item[0] == -1) continue;
+      std::fprintf(f, "%d %d %d %d %d", c, i, e.item[0], e.item[1], e.item[2]);
+      for (int s = 0; s < kLeanTraceStamps; ++s)
+        for (int w = 0; w < 2; ++w)
+          std::fprintf(f, " %lld", e.stamp[s][w] == ~0ull ? -1ll : static_cast<long long>(e.stamp[s][w]));
+      std::fprintf(f, "\n");
+    }
+  std::fclose(f);
+}
 
 template <int BLOCK_M, int kStages>
 int lean_smem(int num_kb, bool sfb_warp) {
@@ -89,20 +138,22 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
   } else if constexpr (kStreamK) {
     // The whole waves' tiles run whole; the last partial wave's K blocks split evenly over one CTA per SM (fewer where
     // there is no whole wave and the tail has fewer K blocks than SMs). None where the waves are whole, or no flags are
-    // left (claim_split_counters): the plain kernel runs.
+    // left (claim_split_counters): the plain kernel runs. Mode 2 (diagnostics): this kernel with every tile whole.
+    const int mode = lean_stream_k_mode();
     const int sms = num_sms_of_device(device);
-    const int64_t tail = tiles % sms;
+    const int64_t tail = mode == 2 ? 0 : tiles % sms;
     const int64_t units = tail * (p.k / kGemmBlockK);
-    const int grid = tiles > tail ? sms : static_cast<int>(std::min<int64_t>(sms, units));
+    const int grid = tail == 0 || tiles > tail ? static_cast<int>(std::min<int64_t>(tiles, sms))
+                                               : static_cast<int>(std::min<int64_t>(sms, units));
     int* flags = tail > 0 ? claim_split_counters(device, stream, grid) : nullptr;
-    if (flags == nullptr) {
+    if (mode != 2 && flags == nullptr) {
       launch_lean<BLOCK_M, kStages, kAScale, false, false, false, false, false>(a, lda, b, ldb, p, device, stream);
       return;
     }
-    const size_t bytes = sizeof(float) * static_cast<size_t>(grid) * BLOCK_M * kLeanBlockN;
+    const size_t bytes = tail > 0 ? sizeof(float) * static_cast<size_t>(grid) * BLOCK_M * kLeanBlockN : 0;
     std::optional<StreamScratch> owned;  // under capture: a stream-ordered allocation, freed after the launch
-    float* partials = cached_split_workspace(device, stream, bytes);
-    if (partials == nullptr) {
+    float* partials = bytes > 0 ? cached_split_workspace(device, stream, bytes) : nullptr;
+    if (bytes > 0 && partials == nullptr) {
       owned.emplace(bytes, stream);
       partials = owned->as<float>();
     }
@@ -110,7 +161,11 @@ void launch_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const G
     sk.dp_tiles = static_cast<int>(tiles - tail);
     sk.partials = partials;
     sk.flags = flags;
+    LeanTrace* trace = lean_trace_begin(sms, stream);
+    sk.trace = trace;
     kernel<<<grid, L::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p, num_m_blocks, static_cast<int>(tiles), sk);
+    FG_CUDA_CHECK(cudaGetLastError());
+    lean_trace_end(trace, p, BLOCK_M, grid, sk.dp_tiles, sms, stream);
     lean_stream_k_launch_count.fetch_add(1, std::memory_order_relaxed);
   } else {
     const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms_of_device(device)));
@@ -294,8 +349,14 @@ bool lean_gemm_ok(const GemmParams& p, int block_m, int device) {
   return lean_smem_bytes(block_m, lean_stages(block_m, num_kb), num_kb, lean_sfb_warp_default(p, lean_sfb_warp_mode())) <= max_smem;
 }
 
-bool lean_stream_k_wanted() {
-  return strict_env_bool("FINEGEMM_GEMM_LEAN_STREAMK", "a stream-K tail in the dense lean kernel", false);
+int lean_stream_k_mode() {
+  const char* env = std::getenv("FINEGEMM_GEMM_LEAN_STREAMK");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return 0;
+  if (v == "1") return 1;
+  if (v == "2") return 2;
+  throw Error("FINEGEMM_GEMM_LEAN_STREAMK: expected 0, 1 (a stream-K tail in the dense lean kernel) or 2 (its kernel "
+              "with every tile whole, for its trace), got '" + v + "'");
 }
 
 long long lean_stream_k_launches() { return lean_stream_k_launch_count.load(std::memory_order_relaxed); }
@@ -312,7 +373,7 @@ void launch_sm90_fp8_gemm_lean(const void* a, int64_t lda, const void* b, int64_
   const int stages = lean_stages(block_m, p.k / kGemmBlockK);
   // A gated call (lean_gemm_ok admits one with FINEGEMM_FP4_EXPAND_LEAN=1) takes the gated kernel, never paired.
   // FINEGEMM_GEMM_LEAN_STREAMK=1: unset pair and scale-warp modes resolve to neither, for the stream-K tail.
-  const bool stream_k = p.gate == nullptr && lean_stream_k_wanted();
+  const bool stream_k = p.gate == nullptr && lean_stream_k_mode() > 0;
   const int sfb_mode = lean_sfb_warp_mode(), pair_mode = lean_pair_mode();
   const bool sfb_warp = stream_k && sfb_mode < 0 ? false : lean_sfb_warp_default(p, sfb_mode);
   auto launch = [&](auto a_scale, auto pair, auto gated, auto share_a) {
