@@ -677,10 +677,12 @@ TEST_P(Fp4Linear, ExactWideExpansion) {
         crafted_matrix(208, k, [&](int64_t r, int64_t b) { return r == 77 && b == 37 ? 12 : spreads[b % 4]; });
     ASSERT_EQ(count_wide(one_wide), 1);
     const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0");
-    for (const char* mode : {"1", "2"}) {
+    for (const char* mode : {"1", "2", "3"}) {
       SCOPED_TRACE(std::string("FINEGEMM_FP4_EXPAND_WIDE=") + mode);
       const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
-      const long long before = cuda::fp4_expand_wide_launches(), scans = cuda::fp4_scan_wide_launches();
+      const bool fused = std::string(mode) == "3";
+      const long long before = cuda::fp4_expand_wide_launches(), scans = cuda::fp4_scan_wide_launches(),
+                      fused_before = cuda::fp4_expand_fused_launches();
       check_exact(target(), gpu(), "wide expansion, row tops", rows, ms,
                   {std::begin(kScaleKinds), std::end(kScaleKinds)}, acts);
       check_exact(target(), gpu(), "wide expansion, tops shared per tile (tile scales)", tiles, ms, {ScaleKind::UE8M0},
@@ -689,7 +691,13 @@ TEST_P(Fp4Linear, ExactWideExpansion) {
                   acts);
       check_exact(target(), gpu(), "wide expansion, a row block of spread 12 (the gated FP4 kernel)", one_wide, ms,
                   {ScaleKind::UE8M0}, acts);
-      EXPECT_GT(cuda::fp4_expand_wide_launches(), before) << "the wide expansion kernel was not launched";
+      if (fused) {
+        EXPECT_GT(cuda::fp4_expand_fused_launches(), fused_before) << "the fused scan and expansion was not launched";
+        EXPECT_EQ(cuda::fp4_expand_wide_launches(), before) << "FINEGEMM_FP4_EXPAND_WIDE=3 ran the wide expansion";
+      } else {
+        EXPECT_GT(cuda::fp4_expand_wide_launches(), before) << "the wide expansion kernel was not launched";
+        EXPECT_EQ(cuda::fp4_expand_fused_launches(), fused_before) << "the fused kernel ran without =3";
+      }
       if (std::string(mode) == "2") EXPECT_GT(cuda::fp4_scan_wide_launches(), scans) << "the wide scan was not launched";
       else EXPECT_EQ(cuda::fp4_scan_wide_launches(), scans) << "the wide scan ran without FINEGEMM_FP4_EXPAND_WIDE=2";
     }
@@ -701,8 +709,8 @@ TEST_P(Fp4Linear, ExactWideExpansion) {
                                   {"a tile of spread 9", &tile9}, {"a row block of spread 12", &one_wide}}) {
       const Buffer weight = w->packed(), weight_scale = w->stored_scales(ScaleKind::UE8M0);
       for (ActKind act : acts) {
-        Buffer outs[3];
-        for (int mode = 0; mode < 3; ++mode) {
+        Buffer outs[4];
+        for (int mode = 0; mode < 4; ++mode) {
           const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", std::to_string(mode).c_str());
           Buffer out_shape(DType::F32, {200, w->n});
           outs[mode] = run_linear(linear_args(x, act == ActKind::Static ? x_scale : Buffer{}, act_recipe(act), weight,
@@ -711,6 +719,7 @@ TEST_P(Fp4Linear, ExactWideExpansion) {
         }
         EXPECT_EQ(outs[1].bytes, outs[0].bytes) << what << ", " << act_kind_name(act) << ": the wide expansion";
         EXPECT_EQ(outs[2].bytes, outs[0].bytes) << what << ", " << act_kind_name(act) << ": the wide expansion and scan";
+        EXPECT_EQ(outs[3].bytes, outs[0].bytes) << what << ", " << act_kind_name(act) << ": the fused scan and expansion";
       }
     }
   }
@@ -1633,13 +1642,16 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       EXPECT_LE(cmp.rel, fold_bar(cmp.rel));
       // The wide expansion, and with it the wide scan (FINEGEMM_FP4_EXPAND_WIDE=1 / 2, stop 43), on the grouped layout
       // (the experts' row offsets on the device, a tile per 128 rows of each expert): the default expansion's bits.
-      for (const char* mode : {"1", "2"}) {
+      // With =3 the fused scan and expansion (fp4_scan_expand_kernel, stop 50), where the scales are byte UE8M0.
+      for (const char* mode : {"1", "2", "3"}) {
         const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
-        const long long before = cuda::fp4_expand_wide_launches();
+        const bool fused = std::string(mode) == "3";
+        const long long before = fused ? cuda::fp4_expand_fused_launches() : cuda::fp4_expand_wide_launches();
         const Buffer wide_out = run_moe(f, target());
         EXPECT_EQ(wide_out.bytes, out.bytes) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode << ": not the default expansion's bits";
-        EXPECT_EQ(cuda::fp4_expand_wide_launches() - before, 2) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode
-                                                                << ": gate_up's and down's expansions";
+        const long long after = fused ? cuda::fp4_expand_fused_launches() : cuda::fp4_expand_wide_launches();
+        if (!fused || v.kind == ScaleKind::UE8M0)
+          EXPECT_EQ(after - before, 2) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode << ": gate_up's and down's expansions";
       }
       // The grouped lean kernel expanding the packed experts in its producer warpgroup (FINEGEMM_FP4_LEAN, off by
       // default), at each tile height. Where every tile folds it runs the expanded path's E4M3 GEMM with the same

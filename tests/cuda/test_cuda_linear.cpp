@@ -768,7 +768,7 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
                     [] { return cuda::lean_stream_k_mode(); });
   check_switch<bool>("FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE", {{"", true}, {"0", false}, {"1", true}}, {"2", "off"},
                      [] { return cuda::lean_unit_epilogue_wanted(); });
-  check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "wide"},
+  check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, {"4", "wide"},
                     [] { return cuda::fp4_expand_wide_mode(); });
 }
 

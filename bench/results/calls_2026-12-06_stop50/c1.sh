@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 50 call 1 (carry [".snap/prebuilt.txz", ".snap/c1.sh"]; <= ~420 s): stop 49's pending c3.sh, plus the MoE FP4 layer on the
+# Stop 50 call 1 (also: dense FP4 prefill with the fused scan and expansion, FINEGEMM_FP4_EXPAND_WIDE=3) (carry [".snap/prebuilt.txz", ".snap/c1.sh"]; <= ~420 s): stop 49's pending c3.sh, plus the MoE FP4 layer on the
 # decode path forced at prefill sizes (timed, and ncu of its decode-kernel launches), then: the stream-K kernel's per-CTA trace, then the new MoE FP4 default (128-row tiles with
 # the consumers' expansion below 96 rows per expert, 192 rows batched from 96): the DeepSeek-V3 layer at T = 2048 /
 # 4096 by default, the old default forced, and FP8, each checked against the CPU reference; then test_cuda_moe and
@@ -42,6 +42,16 @@ if busy:
     cl = sorted(r[0] for r in busy); pw = sorted(r[1] for r in busy)
     print("  busy SM clock MHz min %.0f median %.0f max %.0f; power W median %.0f max %.0f (limit %.0f)" % (cl[0], cl[len(cl)//2], cl[-1], pw[len(pw)//2], pw[-1], busy[0][2]))
 PY
+# Dense FP4 prefill with the fold scan and the expansion fused into one kernel (FINEGEMM_FP4_EXPAND_WIDE=3, stop 50)
+# against the default (scan, then expansion), FP8 beside, twice.
+for rep in 1 2; do
+  timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants mxfp4-group128,block-fp32-dynamic --envs ";FINEGEMM_FP4_EXPAND_WIDE=3" >$W/fused_$rep.jsonl 2>$W/fused_$rep.err
+done
+echo "-- dense FP4 prefill, fused scan+expansion $(el)"; cat $W/fused_1.jsonl $W/fused_2.jsonl | grep -h '^{' | python3 -c '
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print("  M=%d N=%d K=%d %-16s %-28s graph=%8.2f us event=%8.2f rel=%.2e" % (r["m"], r["n"], r["k"], r.get("variant"), r["env"] or "default", r.get("us_graph") or 0, r.get("us") or 0, r.get("rel_err") or 0))'
+grep -hiE "error|fail|mismatch" $W/fused_*.err | head -5
 # The stream-K kernel's per-CTA trace (scripts/lean-trace): every tile whole (mode 2, the plain kernel's schedule and
 # bits) and with the tail split (mode 1), at the two shapes where it lost most.
 for shape in 4096:4096:7168 512:4096:7168; do

@@ -18,6 +18,7 @@ bool expandable(const GemmParams& p) {
 
 std::atomic<long long> expand_wide_launch_count{0};
 std::atomic<long long> scan_wide_launch_count{0};
+std::atomic<long long> expand_fused_launch_count{0};
 
 long env_long(const char* name, long fallback) {
   const char* env = std::getenv(name);
@@ -35,12 +36,14 @@ int fp4_expand_wide_mode() {
   if (v == "0") return 0;
   if (v == "1") return 1;
   if (v == "2") return 2;
-  throw Error("FINEGEMM_FP4_EXPAND_WIDE: expected 0, 1 (the FP4 expansion with 128 groups per warp) or 2 (that and the "
-              "fold scan with 8 K blocks per CTA), got '" + v + "'");
+  if (v == "3") return 3;
+  throw Error("FINEGEMM_FP4_EXPAND_WIDE: expected 0, 1 (the FP4 expansion with 128 groups per warp), 2 (that and the "
+              "fold scan with 8 K blocks per CTA) or 3 (the fold scan and the expansion in one kernel), got '" + v + "'");
 }
 
 long long fp4_expand_wide_launches() { return expand_wide_launch_count.load(std::memory_order_relaxed); }
 long long fp4_scan_wide_launches() { return scan_wide_launch_count.load(std::memory_order_relaxed); }
+long long fp4_expand_fused_launches() { return expand_fused_launch_count.load(std::memory_order_relaxed); }
 
 bool fp4_expand_wanted(const GemmParams& p) {
   const long min_m = env_long("FINEGEMM_FP4_EXPAND_M", 256);
@@ -81,7 +84,7 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
                           offsets, counts};
   // A warp per row and 32 groups of K, or per row and kFp4ExpandGroupsPerWarp groups (FINEGEMM_FP4_EXPAND_WIDE=1 or
   // 2; with 2 the fold scan below runs wide too).
-  const bool wide = !scan_only && wide_mode >= 1;  // the expansion: only where set (-1, 0: the default kernel)
+  const bool wide = !scan_only && (wide_mode == 1 || wide_mode == 2);  // only where set (-1, 0: the default kernel)
   const int groups_per_warp = wide ? kFp4ExpandGroupsPerWarp : 32;
   const int64_t warps = rows * ((p.k / 32 + groups_per_warp - 1) / groups_per_warp);
   const auto grid = static_cast<unsigned>((warps * 32 + kFp4ExpandThreads - 1) / kFp4ExpandThreads);
@@ -99,6 +102,14 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   };
   if (fold_) {
     FG_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof(int), stream));
+    if (!scan_only && wide_mode == 3) {  // the scan and the expansion in one kernel (fp4_scan_expand_kernel)
+      const auto fused_y = static_cast<unsigned>((blocks_ + kFp4FusedBlocks - 1) / kFp4FusedBlocks);
+      fp4_scan_expand_kernel<<<dim3(static_cast<unsigned>(groups * tiles_), fused_y), kFp4FusedThreads, 0, stream>>>(
+          packed, ldb, view, p.k, weights_, tile_emax, tile_scale_, row_scale_, flags_);
+      FG_CUDA_CHECK(cudaGetLastError());
+      expand_fused_launch_count.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     // The wide scan: with mode 2, and by default (-1) on scan-only calls.
     const bool wide_scan = wide_mode == 2 || (scan_only && wide_mode == -1);
     if (scan_only && !wide_scan) {

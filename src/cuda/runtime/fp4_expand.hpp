@@ -77,6 +77,7 @@ bool fp4_expand_wanted(const GemmParams& p);
 int fp4_expand_wide_mode();
 long long fp4_expand_wide_launches();
 long long fp4_scan_wide_launches();
+long long fp4_expand_fused_launches();
 bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group);
 
 }  // namespace finegemm::cuda
