@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Stop 50 call 3 (carry [".snap/prebuilt.txz", ".snap/c4.sh"]; the last ~330 s of device time): c3.sh cut down (the
+# power burn only on an H200, dense rows at N = 4096 K = 7168 only). c3.sh's header: (1) is the H200 at its power cap under a sustained FP8 GEMM, as the H100 was at stop 50 (cuBLASLt
+# 8192^3 for 4 s: SM clock median 1290 MHz, power 723 W against 700, SW power cap active in 198 of 203 busy samples)?
+# (2) ncu's duration of each launch of the dense FP4 prefill (M = 4096 N = 4096 K = 7168, mxfp4-group128, M-major
+# scales): the default (fold scan, expansion, gated GEMMs) and FINEGEMM_FP4_EXPAND_WIDE=3 (fp4_scan_expand_kernel),
+# beside the FP8 lean kernel: where FP4's ~27-30 µs over FP8 go, and whether the fused kernel streams (it measured no
+# faster end to end on the H100 at stop 50). (3) the dense bar rows by event and graph, twice.
+cd "$(dirname "$0")"
+mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
+B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
+el() { echo "($(( $(date +%s) - s0 )) s)"; }
+left() { [ $(( $(date +%s) - s0 )) -lt $1 ]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+Q=timestamp,clocks.sm,power.draw.instant,clocks_event_reasons.sw_power_cap,clocks_event_reasons.hw_slowdown,clocks_event_reasons.sw_thermal_slowdown,temperature.gpu
+nvidia-smi --query-gpu=$Q --format=csv,noheader -lms 20 >$W/power.csv 2>$W/power.err &
+PW=$!
+timeout 40 python3 - >$W/burn.txt 2>&1 <<'PY'
+import time, torch
+M = N = K = 8192
+a = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+w = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn)
+one = torch.tensor(1.0, device="cuda")
+f = lambda: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+f(); torch.cuda.synchronize()
+t0 = time.time(); n = 0
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+while time.time() - t0 < 4.0:
+    for _ in range(20): f()
+    n += 20
+    torch.cuda.synchronize()
+e.record(); torch.cuda.synchronize()
+ms = s.elapsed_time(e)
+print("sustained FP8 GEMM %d^3: %d calls, %.1f TFLOP/s" % (M, n, 2.0 * M * N * K * n / (ms * 1e-3) / 1e12))
+PY
+kill $PW; wait $PW 2>/dev/null
+echo "-- power $(el)"; cat $W/burn.txt; head -2 $W/power.err
+python3 - $W/power.csv <<'PY'
+import sys
+rows = []
+for l in open(sys.argv[1]):
+    f = [x.strip() for x in l.split(",")]
+    try: rows.append((float(f[1].split()[0]), float(f[2].split()[0]), f[3], f[4], f[5], f[6]))
+    except (ValueError, IndexError): pass
+busy = [r for r in rows if r[1] > 250]
+print("  samples %d, busy (> 250 W) %d" % (len(rows), len(busy)))
+if busy:
+    cl = sorted(r[0] for r in busy); pw = sorted(r[1] for r in busy)
+    cap = sum(1 for r in busy if r[2] == "Active"); hw = sum(1 for r in busy if r[3] == "Active"); th = sum(1 for r in busy if r[4] == "Active")
+    print("  busy SM clock MHz min %.0f median %.0f max %.0f; power W median %.0f max %.0f; sw power cap active in %d, hw slowdown %d, thermal %d; temp %s" % (cl[0], cl[len(cl)//2], cl[-1], pw[len(pw)//2], pw[-1], cap, hw, th, busy[-1][5]))
+PY
+fi
+for mode in default 3; do
+  if left 150; then
+    envset=FINEGEMM_NOTHING=1; [ $mode = 3 ] && envset=FINEGEMM_FP4_EXPAND_WIDE=3
+    env $envset timeout 70 ncu --clock-control none --cache-control all \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --launch-count 16 \
+      $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128 >$W/ncu_fp4_$mode.txt 2>&1
+    echo "-- ncu, the dense FP4 prefill's launches ($mode) $(el)"
+    grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|dram__bytes" $W/ncu_fp4_$mode.txt | sed 's/  */ /g' | cut -c1-150 | head -50
+  fi
+done
+if left 170; then
+  timeout 60 ncu --clock-control none --cache-control all -k "regex:sm90_fp8_gemm_lean" --launch-count 2 \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+    $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants block-fp32-dynamic >$W/ncu_fp8.txt 2>&1
+  echo "-- ncu, the FP8 lean kernel $(el)"; grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|dram__bytes" $W/ncu_fp8.txt | sed 's/  */ /g' | cut -c1-150
+fi
+for rep in 1 2; do
+  if left 150; then
+    timeout 40 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants mxfp4-group128,block-fp32-dynamic --envs ";FINEGEMM_FP4_EXPAND_WIDE=3" >$W/dense_$rep.jsonl 2>$W/dense_$rep.err
+  fi
+done
+echo "-- dense prefill $(el)"; cat $W/dense_*.jsonl 2>/dev/null | grep -h '^{' | python3 -c '
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print("  M=%d N=%d K=%d %-18s %-28s graph=%8.2f us event=%8.2f rel=%.2e" % (r["m"], r["n"], r["k"], r["variant"], r["env"] or "default", r["us_graph"] or 0, r["us"] or 0, r["rel_err"] or 0))'
+cd $OUT && tar czf all.tgz w && rm -rf w
+echo "total $(( $(date +%s) - s0 )) s"
