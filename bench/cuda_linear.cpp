@@ -1,5 +1,6 @@
 // bench/linear (GPU side): finegemm's FP8 linear on the reference shapes, timed with CUDA events around single
-// launches (median) and with CUDA-graph replay (every M by default; --graph-max-m M limits it).
+// launches (median) and with CUDA-graph replay (every M by default; --graph-max-m M limits it); with --sustain-ms T
+// also under a sustained load (the graph replayed back to back for T ms: us_sustained, the card at its power cap).
 // NOTE: events around a single launch on an idle stream also time the host's launch work (the start event runs as
 // soon as it is queued, the kernel only once the host has built and queued it): a few µs for finegemm, tens of µs for
 // torch's scaled_mm. Until stop 25 only M ≤ 128 were replayed, which flattered the M = 512 comparisons. Weights rotate among enough copies to exceed 3× the
@@ -133,6 +134,10 @@ int main(int argc, char** argv) {
   bool weights_static = false;  // --weights-static: RunOptions::weights_static (no kernel here writes weights)
   std::vector<std::string> env_sets = {""};  // --envs: one row per entry, each with its environment settings
   int64_t graph_max_m = INT64_MAX;             // --graph-max-m: graph replay up to this M (stop 24's runs: 128)
+  // --sustain-ms: also replay the graph back to back for this long and report the time per call under that sustained
+  // load (us_sustained): a card at its power cap clocks down within a fraction of a second (stop 50: an H100 ran a
+  // sustained FP8 GEMM at a median 1290 MHz), which the short event and graph timings do not see.
+  double sustain_ms = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--m" && i + 1 < argc) {
@@ -149,6 +154,8 @@ int main(int argc, char** argv) {
       m_major_scales = true;
     } else if (a == "--graph-max-m" && i + 1 < argc) {
       graph_max_m = std::atoll(argv[++i]);
+    } else if (a == "--sustain-ms" && i + 1 < argc) {
+      sustain_ms = std::atof(argv[++i]);
     } else if (a == "--quick") {
       nks.resize(3);
     } else if (a == "--envs" && i + 1 < argc) {
@@ -320,7 +327,7 @@ int main(int argc, char** argv) {
           }
           const double us = median(times);
           // Graph replay: one graph of `copies` launches, timed over many replays.
-          double us_graph = 0;
+          double us_graph = 0, us_sustained = 0;
           if (m <= graph_max_m) {
             cudaGraph_t graph;
             cudaGraphExec_t exec;
@@ -344,6 +351,29 @@ int main(int argc, char** argv) {
               g.push_back(ms_ * 1e3 / copies);
             }
             us_graph = median(g);
+            if (sustain_ms > 0) {
+              // Replays in batches of 8 between event pairs until sustain_ms has passed; the time per call over the
+              // last half of the replays (the clock has settled by then).
+              std::vector<std::pair<double, int>> batches;  // (µs, calls)
+              double elapsed = 0;
+              while (elapsed < sustain_ms * 1e3) {
+                CHECK_CUDA(cudaEventRecord(e0, stream));
+                for (int r = 0; r < 8; ++r) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+                CHECK_CUDA(cudaEventRecord(e1, stream));
+                CHECK_CUDA(cudaEventSynchronize(e1));
+                float ms_ = 0;
+                CHECK_CUDA(cudaEventElapsedTime(&ms_, e0, e1));
+                batches.push_back({ms_ * 1e3, 8 * copies});
+                elapsed += ms_ * 1e3;
+              }
+              double t = 0;
+              int calls = 0;
+              for (size_t b = batches.size() / 2; b < batches.size(); ++b) {
+                t += batches[b].first;
+                calls += batches[b].second;
+              }
+              us_sustained = t / calls;
+            }
             CHECK_CUDA(cudaGraphExecDestroy(exec));
             CHECK_CUDA(cudaGraphDestroy(graph));
           }
@@ -352,10 +382,10 @@ int main(int argc, char** argv) {
           const double best = us_graph > 0 ? std::min(us, us_graph) : us;
           std::printf("{\"variant\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"us_graph\": %.3f, "
                       "\"tflops\": %.1f, \"gbps\": %.1f, \"rel_err\": %.3e, \"weight_copies\": %d, \"input\": \"%s\", "
-                      "\"weights_static\": %s, \"scales\": \"%s\", \"env\": \"%s\"}\n",
+                      "\"weights_static\": %s, \"scales\": \"%s\", \"env\": \"%s\", \"us_sustained\": %.3f}\n",
                       var.name.c_str(), (long long)m, (long long)n, (long long)k, us, us_graph, flops / best / 1e6,
                       bytes / best / 1e3, rel, copies, bf16_input ? "bf16" : "e4m3", weights_static ? "true" : "false",
-                      m_major ? "m-major" : "row-major", env_set.c_str());
+                      m_major ? "m-major" : "row-major", env_set.c_str(), us_sustained);
           std::fflush(stdout);
           for (const auto& name : set_names) unsetenv(name.c_str());
         }

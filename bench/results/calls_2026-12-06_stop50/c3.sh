@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # For the next session's first call (H200 wanted; carry [".snap/prebuilt.txz", ".snap/c3.sh"] after scripts/pack-prebuilt;
-# <= ~300 s): (1) is the H200 at its power cap under a sustained FP8 GEMM, as the H100 was at stop 50 (cuBLASLt
+# <= ~380 s): (1) is the H200 at its power cap under a sustained FP8 GEMM, as the H100 was at stop 50 (cuBLASLt
 # 8192^3 for 4 s: SM clock median 1290 MHz, power 723 W against 700, SW power cap active in 198 of 203 busy samples)?
 # (2) ncu's duration of each launch of the dense FP4 prefill (M = 4096 N = 4096 K = 7168, mxfp4-group128, M-major
 # scales): the default (fold scan, expansion, gated GEMMs) and FINEGEMM_FP4_EXPAND_WIDE=3 (fp4_scan_expand_kernel),
 # beside the FP8 lean kernel: where FP4's ~27-30 µs over FP8 go, and whether the fused kernel streams (it measured no
-# faster end to end on the H100 at stop 50). (3) the dense bar rows by event and graph, twice.
+# faster end to end on the H100 at stop 50). (3) the dense bar rows by event and graph, twice. Also: finegemm and
+# cuBLASLt under a sustained load (3 s of back-to-back graph replays each). <= ~380 s.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
@@ -50,8 +51,47 @@ if busy:
     cap = sum(1 for r in busy if r[2] == "Active"); hw = sum(1 for r in busy if r[3] == "Active"); th = sum(1 for r in busy if r[4] == "Active")
     print("  busy SM clock MHz min %.0f median %.0f max %.0f; power W median %.0f max %.0f; sw power cap active in %d, hw slowdown %d, thermal %d; temp %s" % (cl[0], cl[len(cl)//2], cl[-1], pw[len(pw)//2], pw[-1], cap, hw, th, busy[-1][5]))
 PY
+# Sustained load, the same data and shapes on both sides: finegemm's graph replayed back to back for 3 s
+# (bench_cuda_linear --sustain-ms, us_sustained), cuBLASLt's block-scaled FP8 (1x128 x 128x128) likewise through
+# torch: who does more FLOPs under the power cap.
+if left 60; then
+  timeout 80 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants block-fp32-dynamic,mxfp4-group128 --sustain-ms 3000 >$W/sustain.jsonl 2>$W/sustain.err
+  echo "-- sustained, finegemm $(el)"; grep -h '^{' $W/sustain.jsonl | python3 -c '
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); f = 2.0 * r["m"] * r["n"] * r["k"]
+    print("  M=%d N=%d K=%d %-18s event=%8.2f graph=%8.2f sustained=%8.2f us (%.0f TFLOP/s sustained) rel=%.2e" % (r["m"], r["n"], r["k"], r["variant"], r["us"], r["us_graph"], r["us_sustained"], f / r["us_sustained"] / 1e6 if r["us_sustained"] else 0, r["rel_err"]))'
+  timeout 60 python3 - >$W/sustain_cublas.txt 2>&1 <<'PY'
+import time, torch
+import torch.nn.functional as F
+for n, k in [(4096, 7168), (7168, 16384)]:
+    m = 4096; L = k // 128; L4 = (L + 3) // 4 * 4
+    copies = max(1, (3 * 60 * 2**20) // (n * k) + 2)
+    w = [torch.randn(n, k, device="cuda").mul(64).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(copies)]
+    sb = F.pad(torch.rand((n + 127) // 128, L, device="cuda") / 256 + 0.5 / 256, (0, L4 - L)).t()
+    x = torch.randn(m, k, device="cuda").mul(64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    sa = (torch.rand(m, L, device="cuda") / 256 + 0.5 / 256).t().contiguous().t()
+    f = lambda i: F.scaled_mm(x, w[i % copies].t(), sa, F.ScalingType.BlockWise1x128, sb, F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+    g = torch.cuda.CUDAGraph(); st = torch.cuda.Stream(); st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        for i in range(copies): f(i)
+        with torch.cuda.graph(g, stream=st):
+            for i in range(copies): f(i)
+    torch.cuda.current_stream().wait_stream(st); g.replay(); torch.cuda.synchronize()
+    s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    batches = []; t0 = time.time()
+    while time.time() - t0 < 3.0:
+        s0.record()
+        for _ in range(8): g.replay()
+        s1.record(); s1.synchronize(); batches.append(s0.elapsed_time(s1) * 1e3)
+    half = batches[len(batches) // 2:]
+    us = sum(half) / (len(half) * 8 * copies)
+    print("cuBLASLt M=%d N=%d K=%d sustained %.2f us (%.0f TFLOP/s)" % (m, n, k, us, 2.0 * m * n * k / us / 1e6))
+PY
+  cat $W/sustain_cublas.txt | tail -4
+fi
 for mode in default 3; do
-  if left 200; then
+  if left 230; then
     envset=FINEGEMM_NOTHING=1; [ $mode = 3 ] && envset=FINEGEMM_FP4_EXPAND_WIDE=3
     env $envset timeout 90 ncu --clock-control none --cache-control all \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --launch-count 16 \
@@ -60,14 +100,14 @@ for mode in default 3; do
     grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|dram__bytes" $W/ncu_fp4_$mode.txt | sed 's/  */ /g' | cut -c1-150 | head -50
   fi
 done
-if left 240; then
+if left 270; then
   timeout 60 ncu --clock-control none --cache-control all -k "regex:sm90_fp8_gemm_lean" --launch-count 2 \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants block-fp32-dynamic >$W/ncu_fp8.txt 2>&1
   echo "-- ncu, the FP8 lean kernel $(el)"; grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|dram__bytes" $W/ncu_fp8.txt | sed 's/  */ /g' | cut -c1-150
 fi
 for rep in 1 2; do
-  if left 280; then
+  if left 300; then
     timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants mxfp4-group128,block-fp32-dynamic --envs ";FINEGEMM_FP4_EXPAND_WIDE=3" >$W/dense_$rep.jsonl 2>$W/dense_$rep.err
   fi
 done
