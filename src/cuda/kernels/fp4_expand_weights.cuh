@@ -334,32 +334,40 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_wide_ker
 }
 
 // The fold scan and the expansion in one kernel (FINEGEMM_FP4_EXPAND_WIDE=3; stop 50): a CTA per (128-row tile,
-// kFp4FusedBlocks K blocks), 256 threads. Each thread first takes one (row, K block) pair of the tile: the row's four
-// exponents there, its largest and smallest; the CTA reduces them to the tile's (tile_emax, tile_scale and the tile
+// kFp4FusedBlocks K blocks), 256 threads. Each thread takes (row, K block) pairs of the tile: the row's four
+// exponents there, their largest and smallest; the CTA reduces them to the tile's (tile_emax, tile_scale and the tile
 // flag, as the scans write them; the row flag where a row block spreads wider than 8). Each row block then folds
 // relative to its tile's largest exponent where the tile spreads 8 or less, else to its own largest, and the row
 // scale 2^base goes to row_scale for every row block: the row-scale GEMM (gated on the tile flag) then reads, for the
 // rows of tiles that fold, their tile's scale beside codes folded to it, the same real values as a row fold (powers
 // of two scale exactly, so the GEMM gives the same bits), and the tile-scale GEMM runs where no tile spreads wider.
-// Then the CTA expands its 128 x 256 codes: 16-byte chunks (one MX group each), eight per row, four per thread,
-// each through its group's fold row. The chunks are loaded before the scales (streaming: the packed weights are read
+// Then the CTA expands its 128 x (128 · kFp4FusedBlocks) codes: 16-byte chunks (one MX group each), 16 per row and 8
+// per thread at 4 K blocks, each through its group's fold row. 4 K blocks: 107 registers, two CTAs per SM (8 K blocks
+// took 187 registers, one CTA per SM). The chunks are loaded before the scales (streaming: the packed weights are read
 // once), so that one memory latency, not two, stands before a CTA's expansion. One launch and one
 // pass over the scales instead of two (the scan took 6.7-7.0 µs, the expansion 23.1-24.3, at M = 4096 N = 4096
 // K = 7168 under ncu, stop 22). Byte UE8M0 scales only (the fold). Where a row block spreads over 8 the codes are
 // still written (no CTA knows the others' flags), and go unused: the row flag gates both E4M3 GEMMs off and the FP4
 // kernel runs on the packed weights.
-inline constexpr int kFp4FusedBlocks = 2;
+inline constexpr int kFp4FusedBlocks = 4;
 inline constexpr int kFp4FusedThreads = 256;
-static_assert(kFp4FusedThreads == 128 * kFp4FusedBlocks, "a thread per (row, K block) of the tile");
+static_assert(kFp4FusedBlocks <= 32 && (kFp4FusedBlocks & (kFp4FusedBlocks - 1)) == 0 &&
+                  128 * kFp4FusedBlocks % kFp4FusedThreads == 0,
+              "whole (row, K block) pairs per thread, the K blocks of a warp's lanes a power of two");
 
-__global__ void __launch_bounds__(kFp4FusedThreads) fp4_scan_expand_kernel(
+__global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
     const uint8_t* __restrict__ b, int64_t ldb, Fp4ScaleView s, int k, uint8_t* __restrict__ out,
     int* __restrict__ tile_emax, float* __restrict__ tile_scale, float* __restrict__ row_scale,
     int* __restrict__ flags) {
+  constexpr int kWarps = kFp4FusedThreads / 32;
+  constexpr int kPairs = 128 * kFp4FusedBlocks / kFp4FusedThreads;  // (row, K block) pairs per thread
+  constexpr int kRowStep = kFp4FusedThreads / kFp4FusedBlocks;       // rows between a thread's pairs
+  constexpr int kChunksPerRow = 4 * kFp4FusedBlocks;                 // 16-byte chunks (MX groups) per row
+  constexpr int kPerThread = 128 * kChunksPerRow / kFp4FusedThreads;
   __shared__ uint2 table[9];
-  __shared__ int blk_hi[kFp4FusedThreads / 32][kFp4FusedBlocks], blk_lo[kFp4FusedThreads / 32][kFp4FusedBlocks];
+  __shared__ int blk_hi[kWarps][kFp4FusedBlocks], blk_lo[kWarps][kFp4FusedBlocks];
   __shared__ int tile_hi[kFp4FusedBlocks], tile_fold[kFp4FusedBlocks];
-  __shared__ uint8_t dist[128][4 * kFp4FusedBlocks];  // each group's fold row (0..8)
+  __shared__ uint8_t dist[128][kChunksPerRow];  // each group's fold row (0..8)
   if (threadIdx.x < 9) table[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
   const int groups = k / 32, blocks = (k + 127) / 128;
   const int tiles_per_group = s.tiles_per_group();
@@ -367,80 +375,92 @@ __global__ void __launch_bounds__(kFp4FusedThreads) fp4_scan_expand_kernel(
   if (!s.group_used(group)) return;  // block-uniform
   const int tile_row0 = static_cast<int>(tile - group * tiles_per_group) * 128;
   const int kb0 = static_cast<int>(blockIdx.y) * kFp4FusedBlocks;
+  const int t = static_cast<int>(threadIdx.x);
   // The packed chunks first (they do not depend on the scales), so that their loads are in flight while the scales
-  // are read and reduced: chunk c = i · 256 + t is row c / (4 · kFp4FusedBlocks), group c % (4 · kFp4FusedBlocks) of
-  // the CTA's (a warp: four rows' 128 contiguous bytes each).
-  constexpr int kChunksPerRow = 4 * kFp4FusedBlocks;
-  constexpr int kPerThread = 128 * kChunksPerRow / kFp4FusedThreads;
+  // are read and reduced: chunk c = i · 256 + t is row c / kChunksPerRow, group c % kChunksPerRow of the CTA's (at 4 K
+  // blocks a warp takes two rows' 256 contiguous bytes each per i).
   uint4 w[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int c = i * kFp4FusedThreads + static_cast<int>(threadIdx.x);
+    const int c = i * kFp4FusedThreads + t;
     const int cr = c / kChunksPerRow, q = 4 * kb0 + c % kChunksPerRow;
     const bool valid = tile_row0 + cr < s.n && q < groups;
     w[i] = valid ? __ldcs(reinterpret_cast<const uint4*>(b + (group * s.n + tile_row0 + cr) * ldb + static_cast<int64_t>(q) * 16))
                  : make_uint4(0, 0, 0, 0);
   }
-  // Phase 1: thread t takes row r = t / kFp4FusedBlocks of the tile and K block kb0 + t % kFp4FusedBlocks (a warp:
-  // 32 / kFp4FusedBlocks rows, every K block of the CTA).
-  const int r = static_cast<int>(threadIdx.x) / kFp4FusedBlocks, bl = static_cast<int>(threadIdx.x) % kFp4FusedBlocks;
-  const int kb = kb0 + bl;
-  const bool row_valid = tile_row0 + r < s.n, block_valid = kb < blocks;
-  const int64_t row = group * s.n + tile_row0 + r;
-  int e[4];
-  int hi = 0, lo = 255;
+  // Phase 1: thread t takes K block kb0 + t % kFp4FusedBlocks of rows t / kFp4FusedBlocks + kRowStep · i: each pair's
+  // four exponents, their largest and smallest; then the thread's, the warp's (lanes of one K block: equal lane %
+  // kFp4FusedBlocks) and the CTA's per K block.
+  const int bl = t % kFp4FusedBlocks, kb = kb0 + bl;
+  const bool block_valid = kb < blocks;
+  const uint8_t* scale_at = s.scale + group * s.group_stride;
+  int e[kPairs][4], hi[kPairs];
+  int thi = 0, tlo = 255;
+  bool row_wide = false;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int g = 4 * kb + j;
-    e[j] = row_valid && block_valid && g < groups
-               ? static_cast<int>(s.scale[group * s.group_stride + static_cast<int64_t>(tile_row0 + r) * s.stride_n + g])
-               : -1;
-    if (e[j] >= 0) {
-      hi = max(hi, e[j]);
-      lo = min(lo, e[j]);
+  for (int i = 0; i < kPairs; ++i) {
+    const int r = t / kFp4FusedBlocks + kRowStep * i;
+    const bool valid = block_valid && tile_row0 + r < s.n;
+    int h = 0, l = 255;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int g = 4 * kb + j;
+      e[i][j] = valid && g < groups ? static_cast<int>(scale_at[static_cast<int64_t>(tile_row0 + r) * s.stride_n + g]) : -1;
+      if (e[i][j] >= 0) {
+        h = max(h, e[i][j]);
+        l = min(l, e[i][j]);
+      }
     }
+    hi[i] = h;
+    row_wide = row_wide || (valid && h - l > 8);
+    thi = max(thi, h);
+    tlo = min(tlo, l);
   }
-  if (row_valid && block_valid && hi - lo > 8) atomicOr(flags, kFp4RowUnfoldable);
-  // The tile's largest and smallest per K block: lanes of one K block are those of equal lane % kFp4FusedBlocks.
-  int thi = hi, tlo = lo;
+  if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
 #pragma unroll
   for (int off = kFp4FusedBlocks; off < 32; off *= 2) {
     thi = max(thi, __shfl_xor_sync(0xFFFFFFFFu, thi, off));
     tlo = min(tlo, __shfl_xor_sync(0xFFFFFFFFu, tlo, off));
   }
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = t / 32, lane = t % 32;
   if (lane < kFp4FusedBlocks) {
     blk_hi[warp][lane] = thi;
     blk_lo[warp][lane] = tlo;
   }
   __syncthreads();
-  if (static_cast<int>(threadIdx.x) < kFp4FusedBlocks) {
-    const int i = threadIdx.x;
+  if (t < kFp4FusedBlocks) {
     int h = 0, l = 255;
 #pragma unroll
-    for (int w = 0; w < kFp4FusedThreads / 32; ++w) {
-      h = max(h, blk_hi[w][i]);
-      l = min(l, blk_lo[w][i]);
+    for (int v = 0; v < kWarps; ++v) {
+      h = max(h, blk_hi[v][t]);
+      l = min(l, blk_lo[v][t]);
     }
     const bool fold = h - l <= 8;
-    tile_hi[i] = h;
-    tile_fold[i] = fold;
-    if (kb0 + i < blocks) {
+    tile_hi[t] = h;
+    tile_fold[t] = fold;
+    if (kb0 + t < blocks) {
       if (!fold) atomicOr(flags, kFp4TileUnfoldable);
-      tile_emax[tile * blocks + kb0 + i] = h;
-      tile_scale[tile * blocks + kb0 + i] = fmt::ue8m0_to_float(static_cast<uint8_t>(h));
+      tile_emax[tile * blocks + kb0 + t] = h;
+      tile_scale[tile * blocks + kb0 + t] = fmt::ue8m0_to_float(static_cast<uint8_t>(h));
     }
   }
   __syncthreads();
-  const int base = tile_fold[bl] ? tile_hi[bl] : hi;
-  if (row_valid && block_valid) row_scale[row * blocks + kb] = fmt::ue8m0_to_float(static_cast<uint8_t>(base));
+  // Each pair's fold base (the tile's top where the tile folds, else the row block's), its row scale and its groups'
+  // fold rows.
 #pragma unroll
-  for (int j = 0; j < 4; ++j) dist[r][4 * bl + j] = static_cast<uint8_t>(e[j] >= 0 ? min(base - e[j], 8) : 0);
+  for (int i = 0; i < kPairs; ++i) {
+    const int r = t / kFp4FusedBlocks + kRowStep * i;
+    const int base = tile_fold[bl] ? tile_hi[bl] : hi[i];
+    if (block_valid && tile_row0 + r < s.n)
+      row_scale[(group * s.n + tile_row0 + r) * blocks + kb] = fmt::ue8m0_to_float(static_cast<uint8_t>(base));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dist[r][4 * bl + j] = static_cast<uint8_t>(e[i][j] >= 0 ? min(base - e[i][j], 8) : 0);
+  }
   __syncthreads();
   // Phase 2: expand the chunks loaded at the start.
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int c = i * kFp4FusedThreads + static_cast<int>(threadIdx.x);
+    const int c = i * kFp4FusedThreads + t;
     const int cr = c / kChunksPerRow, q = 4 * kb0 + c % kChunksPerRow;
     if (!(tile_row0 + cr < s.n && q < groups)) continue;
     const uint2 tab = table[dist[cr][c % kChunksPerRow]];
