@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # For the next session's first call (H200 wanted; carry [".snap/prebuilt.txz", ".snap/c3.sh"] after scripts/pack-prebuilt;
-# <= ~380 s): (1) is the H200 at its power cap under a sustained FP8 GEMM, as the H100 was at stop 50 (cuBLASLt
+# <= ~450 s): (1) is the H200 at its power cap under a sustained FP8 GEMM, as the H100 was at stop 50 (cuBLASLt
 # 8192^3 for 4 s: SM clock median 1290 MHz, power 723 W against 700, SW power cap active in 198 of 203 busy samples)?
 # (2) ncu's duration of each launch of the dense FP4 prefill (M = 4096 N = 4096 K = 7168, mxfp4-group128, M-major
 # scales): the default (fold scan, expansion, gated GEMMs) and FINEGEMM_FP4_EXPAND_WIDE=3 (fp4_scan_expand_kernel),
 # beside the FP8 lean kernel: where FP4's ~27-30 µs over FP8 go, and whether the fused kernel streams (it measured no
 # faster end to end on the H100 at stop 50). (3) the dense bar rows by event and graph, twice. Also: finegemm and
-# cuBLASLt under a sustained load (3 s of back-to-back graph replays each). <= ~380 s.
+# cuBLASLt under a sustained load (3 s of back-to-back graph replays each). First the fused kernel's tests. <= ~450 s.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W
 el() { echo "($(( $(date +%s) - s0 )) s)"; }
 left() { [ $(( $(date +%s) - s0 )) -lt $1 ]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+# The fused scan+expansion's tests first (rewritten at stop 50's end for 4 K blocks per CTA, never run): exact, and the
+# default kernels' bits, dense and grouped. Its timings below count only if these pass.
+timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='*/Fp4Linear.ExactWideExpansion/*:*/Fp4Moe.ExpertsWithCraftedSpreadsMatchReference/*' >$W/fused_tests.log 2>&1
+echo "-- fused kernel's tests rc=$? $(el): $(grep -hE '^\[  (PASSED|FAILED)  \]' $W/fused_tests.log | tr '\n' ' ')"
+grep -hE "^\[  FAILED  \]|Failure" $W/fused_tests.log | head -6
 Q=timestamp,clocks.sm,power.draw.instant,clocks_event_reasons.sw_power_cap,clocks_event_reasons.hw_slowdown,clocks_event_reasons.sw_thermal_slowdown,temperature.gpu
 nvidia-smi --query-gpu=$Q --format=csv,noheader -lms 20 >$W/power.csv 2>$W/power.err &
 PW=$!
@@ -54,7 +59,7 @@ PY
 # Sustained load, the same data and shapes on both sides: finegemm's graph replayed back to back for 3 s
 # (bench_cuda_linear --sustain-ms, us_sustained), cuBLASLt's block-scaled FP8 (1x128 x 128x128) likewise through
 # torch: who does more FLOPs under the power cap.
-if left 60; then
+if left 120; then
   timeout 80 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants block-fp32-dynamic,mxfp4-group128 --sustain-ms 3000 >$W/sustain.jsonl 2>$W/sustain.err
   echo "-- sustained, finegemm $(el)"; grep -h '^{' $W/sustain.jsonl | python3 -c '
 import sys, json
@@ -91,7 +96,7 @@ PY
   cat $W/sustain_cublas.txt | tail -4
 fi
 for mode in default 3; do
-  if left 230; then
+  if left 290; then
     envset=FINEGEMM_NOTHING=1; [ $mode = 3 ] && envset=FINEGEMM_FP4_EXPAND_WIDE=3
     env $envset timeout 90 ncu --clock-control none --cache-control all \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --launch-count 16 \
@@ -100,14 +105,14 @@ for mode in default 3; do
     grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|dram__bytes" $W/ncu_fp4_$mode.txt | sed 's/  */ /g' | cut -c1-150 | head -50
   fi
 done
-if left 270; then
+if left 330; then
   timeout 60 ncu --clock-control none --cache-control all -k "regex:sm90_fp8_gemm_lean" --launch-count 2 \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants block-fp32-dynamic >$W/ncu_fp8.txt 2>&1
   echo "-- ncu, the FP8 lean kernel $(el)"; grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|dram__bytes" $W/ncu_fp8.txt | sed 's/  */ /g' | cut -c1-150
 fi
 for rep in 1 2; do
-  if left 300; then
+  if left 360; then
     timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants mxfp4-group128,block-fp32-dynamic --envs ";FINEGEMM_FP4_EXPAND_WIDE=3" >$W/dense_$rep.jsonl 2>$W/dense_$rep.err
   fi
 done
