@@ -725,6 +725,92 @@ TEST_P(Fp4Linear, ExactWideExpansion) {
   }
 }
 
+// The dense FP4 prefill's three gated launches chained by programmatic dependent launch (FINEGEMM_FP4_GATE_PDL=1,
+// GemmParams::gate_trigger / gate_wait): the tile GEMM lets the row GEMM start at once, the row GEMM the FP4 kernel,
+// and each chained launch waits for the one ahead before it reads its gate. Each gate path in turn runs (tops shared
+// per tile: the tile GEMM; a tile of spread 9: the row GEMM; a row block of spread 12: the FP4 kernel), with the
+// default expansion and the fused one (FINEGEMM_FP4_EXPAND_WIDE=3), on the heuristic's kernels and on the general
+// kernel split in K (a reduce launch between the gated ones): exact, the chain counted, and bit for bit the unchained
+// call's output, eagerly and captured in a CUDA graph replayed twice into poisoned outputs (the copy that follows must
+// see the GEMM that ran, whichever of the three it was).
+TEST_P(Fp4Linear, ExactGatesChained) {
+  if (!gpu()) GTEST_SKIP() << "the gated launches are CUDA kernels";
+  const int spreads[] = {0, 1, 7, 8};
+  const int64_t k = 6400;
+  const Fp4Matrix tiles = crafted_matrix(208, k, [&](int64_t, int64_t b) { return spreads[b % 4]; }, true);
+  ASSERT_EQ(count_wide(tiles), 0);
+  Fp4Matrix tile9 = tiles;
+  for (int64_t g = 12; g < 16; ++g) tile9.exp(150, g) -= 1;  // row 150, block 3: one binade below its tile
+  ASSERT_EQ(tile9.spread(150, 3), 8);
+  const Fp4Matrix one_wide =
+      crafted_matrix(208, k, [&](int64_t r, int64_t b) { return r == 77 && b == 37 ? 12 : spreads[b % 4]; });
+  ASSERT_EQ(count_wide(one_wide), 1);
+  const ScopedEnv expand("FINEGEMM_FP4_EXPAND_M", "1"), no_decode("FINEGEMM_FP4_DECODE", "0");
+  const std::vector<ActKind> acts = {ActKind::Static, ActKind::Group128Pow2};
+  for (const char* config : {"", "128x128:2"}) {
+    SCOPED_TRACE(std::string("FINEGEMM_GEMM_CONFIG=") + config);
+    const ScopedEnv forced("FINEGEMM_GEMM_CONFIG", config);
+    for (const char* mode : {"", "3"}) {
+      SCOPED_TRACE(std::string("FINEGEMM_FP4_EXPAND_WIDE=") + mode);
+      const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
+      const ScopedEnv chained("FINEGEMM_FP4_GATE_PDL", "1");
+      const long long chains = cuda::fp4_gate_chains();
+      check_exact(target(), gpu(), "chained gates, tops shared per tile (the tile GEMM)", tiles, {200},
+                  {ScaleKind::UE8M0}, acts);
+      check_exact(target(), gpu(), "chained gates, a tile of spread 9 (the row GEMM)", tile9, {200}, {ScaleKind::UE8M0},
+                  acts);
+      check_exact(target(), gpu(), "chained gates, a row block of spread 12 (the FP4 kernel)", one_wide, {200},
+                  {ScaleKind::UE8M0}, acts);
+      EXPECT_GT(cuda::fp4_gate_chains(), chains) << "FINEGEMM_FP4_GATE_PDL=1 did not chain the gated launches";
+    }
+  }
+  // Bit for bit against the unchained call, on random BF16 rows, eagerly and captured.
+  const Buffer x = testing::random_tensor(DType::BF16, {300, k});
+  for (const auto& [what, w] : {std::pair<const char*, const Fp4Matrix*>{"tile tops", &tiles},
+                                {"a tile of spread 9", &tile9}, {"a row block of spread 12", &one_wide}}) {
+    const Buffer weight = w->packed(), weight_scale = w->stored_scales(ScaleKind::UE8M0);
+    Buffer out_shape(DType::BF16, {300, w->n});
+    const LinearArgs args = linear_args(x, Buffer{}, act_recipe(ActKind::Group128Pow2), weight, weight_scale,
+                                        recipe_of(ScaleKind::UE8M0), out_shape);
+    Buffer plain;
+    {
+      const ScopedEnv chained("FINEGEMM_FP4_GATE_PDL", "0");
+      plain = run_linear(args, target());
+    }
+    const ScopedEnv chained("FINEGEMM_FP4_GATE_PDL", "1");
+    EXPECT_EQ(run_linear(args, target()).bytes, plain.bytes) << what << ": chained, eagerly";
+    // Captured: the same upload, one graph, two replays into outputs poisoned on the device.
+    auto xd = on_target(args.x, target()), wd = on_target(args.weight, target()),
+         wsd = on_target(args.weight_scale, target()), od = to_device(out_shape, target().device);
+    LinearArgs a = args;
+    a.x = xd.view;
+    a.weight = wd.view;
+    a.weight_scale = wsd.view;
+    a.out = od.view;
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    const long long chains = cuda::fp4_gate_chains();
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    linear(a, {Backend::Cuda, stream});
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    EXPECT_EQ(cuda::fp4_gate_chains(), chains + 1) << what << ": the captured call was not chained";
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(cudaMemsetAsync(od.view.data, 0xFF, static_cast<size_t>(out_shape.numel()) * 2, stream), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      Buffer got(DType::BF16, {300, w->n});
+      copy_to_host(od.view, got);
+      EXPECT_EQ(got.bytes, plain.bytes) << what << ": chained, graph replay " << r;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
 // The lean kernel that expands FP4 weights in its producer warpgroup (FINEGEMM_FP4_LEAN=1, sm90_fp8_gemm_lean.cuh
 // kFp4B): byte UE8M0 scales, activations static, in groups of 128 (quantized by linear(), M-major above M = 64) and
 // pre-quantized, BF16 output, the decode kernel off so that every M takes the GEMM. Weights whose 128x128 tiles all

@@ -766,6 +766,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
   }
   check_switch<int>("FINEGEMM_GEMM_LEAN_STREAMK", {{"", 0}, {"0", 0}, {"1", 1}, {"2", 2}}, {"3", "on", "streamk"},
                     [] { return cuda::lean_stream_k_mode(); });
+  check_switch<bool>("FINEGEMM_FP4_GATE_PDL", {{"", false}, {"0", false}, {"1", true}}, {"2", "on", "pdl"},
+                     [] { return cuda::fp4_gate_pdl_wanted(); });
   check_switch<bool>("FINEGEMM_GEMM_LEAN_UNIT_EPILOGUE", {{"", true}, {"0", false}, {"1", true}}, {"2", "off"},
                      [] { return cuda::lean_unit_epilogue_wanted(); });
   check_switch<int>("FINEGEMM_FP4_EXPAND_WIDE", {{"", -1}, {"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, {"4", "wide"},

@@ -164,6 +164,13 @@ struct GemmParams {
   // capturable.
   const int* gate = nullptr;
   int gate_mask = 0, gate_value = 0;
+  // The gated launches chained programmatically (FINEGEMM_FP4_GATE_PDL=1, Fp4Expansion::launch_e4m3): a gated kernel
+  // with gate_trigger lets the next gated launch start at once (griddepcontrol.launch_dependents at its top), and one
+  // with gate_wait, launched with programmatic stream serialization, waits for the kernel ahead (griddepcontrol.wait)
+  // before it reads its gate or anything else. So a launch that exits at its gate exits while the GEMM ahead still
+  // runs (on SMs that GEMM has left) and completes only after it: the stream's next kernel still sees the GEMM's
+  // output, without relying on more than griddepcontrol.wait's guarantee.
+  bool gate_trigger = false, gate_wait = false;
   const float* a_scale = nullptr;  // per (row, K group); nullptr: 1
   int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
   int a_group = 128;

@@ -278,7 +278,13 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
   constexpr int kScaleSubs = Smem::kScaleSubs;
   constexpr bool kFold = Smem::kFold;
   using Mma = ptx::WgmmaFp8<WGMMA_N>;
-  if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;  // the other path of a gated pair runs
+  if (p.gate != nullptr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (p.gate_wait) cudaGridDependencySynchronize();  // GemmParams::gate_wait: after the gated launch ahead
+    if (p.gate_trigger) cudaTriggerProgrammaticLaunchCompletion();
+#endif
+    if ((*p.gate & p.gate_mask) != p.gate_value) return;  // the other path of a gated pair runs
+  }
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);

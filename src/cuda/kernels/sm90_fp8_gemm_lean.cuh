@@ -242,6 +242,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 "kStreamK: the dense E4M3 lean kernel, unpaired, ungated, the consumers loading the B scales");
   if constexpr (kFp4B || kGated) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (p.gate != nullptr && p.gate_trigger) cudaTriggerProgrammaticLaunchCompletion();  // GemmParams::gate_trigger
+#endif
     if (p.gate != nullptr && (*p.gate & p.gate_mask) != p.gate_value) return;
   }
   extern __shared__ uint8_t smem_raw[];

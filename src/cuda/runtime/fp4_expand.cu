@@ -19,6 +19,7 @@ bool expandable(const GemmParams& p) {
 std::atomic<long long> expand_wide_launch_count{0};
 std::atomic<long long> scan_wide_launch_count{0};
 std::atomic<long long> expand_fused_launch_count{0};
+std::atomic<long long> gate_chain_count{0};
 
 long env_long(const char* name, long fallback) {
   const char* env = std::getenv(name);
@@ -44,6 +45,17 @@ int fp4_expand_wide_mode() {
 long long fp4_expand_wide_launches() { return expand_wide_launch_count.load(std::memory_order_relaxed); }
 long long fp4_scan_wide_launches() { return scan_wide_launch_count.load(std::memory_order_relaxed); }
 long long fp4_expand_fused_launches() { return expand_fused_launch_count.load(std::memory_order_relaxed); }
+long long fp4_gate_chains() { return gate_chain_count.load(std::memory_order_relaxed); }
+void Fp4Expansion::count_gate_chain() { gate_chain_count.fetch_add(1, std::memory_order_relaxed); }
+
+bool fp4_gate_pdl_wanted() {
+  const char* env = std::getenv("FINEGEMM_FP4_GATE_PDL");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("FINEGEMM_FP4_GATE_PDL: expected 0 (the gated FP4 prefill launches one after another) or 1 (chained by "
+              "programmatic dependent launch), got '" + v + "'");
+}
 
 bool fp4_expand_wanted(const GemmParams& p) {
   const long min_m = env_long("FINEGEMM_FP4_EXPAND_M", 256);

@@ -38,12 +38,26 @@ class Fp4Expansion {
   // ScanOnly: p gated to run where some tile does not fold (the FP4 kernel, promoting every 32 where needed).
   void gate_unfoldable(GemmParams& p) const;
 
+  // chain (dense calls under FINEGEMM_FP4_GATE_PDL=1, fp4_gate_pdl_wanted): the three gated launches chained by
+  // programmatic dependent launch (GemmParams::gate_trigger / gate_wait), so that the two that exit at their gate do
+  // so while the GEMM ahead of them runs.
   template <typename Gemm>
-  bool launch_e4m3(GemmParams& p, Gemm&& gemm) const {
-    gemm(static_cast<const void*>(weights_), e4m3_params(p, Path::Tile));
-    if (!fold_) return false;
-    gemm(static_cast<const void*>(weights_), e4m3_params(p, Path::Row));
+  bool launch_e4m3(GemmParams& p, Gemm&& gemm, bool chain = false) const {
+    GemmParams tile = e4m3_params(p, Path::Tile);
+    if (!fold_) {
+      gemm(static_cast<const void*>(weights_), tile);
+      return false;
+    }
+    GemmParams row = e4m3_params(p, Path::Row);
     gate_fp4(p);
+    if (chain) {
+      tile.gate_trigger = true;
+      row.gate_wait = row.gate_trigger = true;
+      p.gate_wait = true;
+      count_gate_chain();
+    }
+    gemm(static_cast<const void*>(weights_), tile);
+    gemm(static_cast<const void*>(weights_), row);
     return true;
   }
 
@@ -51,6 +65,7 @@ class Fp4Expansion {
   enum class Path { Tile, Row };
   GemmParams e4m3_params(const GemmParams& p, Path path) const;
   void gate_fp4(GemmParams& p) const;
+  static void count_gate_chain();
 
   cudaStream_t stream_;
   bool fold_ = false;
@@ -78,6 +93,10 @@ int fp4_expand_wide_mode();
 long long fp4_expand_wide_launches();
 long long fp4_scan_wide_launches();
 long long fp4_expand_fused_launches();
+// FINEGEMM_FP4_GATE_PDL=1: the dense FP4 prefill's gated launches chained programmatically (Fp4Expansion::launch_e4m3);
+// off by default until measured. fp4_gate_chains() counts the chained calls (tests).
+bool fp4_gate_pdl_wanted();
+long long fp4_gate_chains();
 bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group);
 
 }  // namespace finegemm::cuda

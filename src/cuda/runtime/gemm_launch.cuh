@@ -285,14 +285,18 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     devices_set.fetch_or(bit);
   }
+  // GemmParams::gate_wait: a gated launch chained programmatically to the gated launch ahead of it.
+  const bool programmatic = p.gate != nullptr && p.gate_wait;
   if constexpr (kCluster == 1) {
-    kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_out, p, sched);
+    launch_ex(programmatic, 1, kernel, dim3(grid), dim3(kThreads), kSmem, stream, tma_a, tma_b, tma_out, p, sched);
   } else {
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = kCluster;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = kSmem;
@@ -311,6 +315,7 @@ inline void launch_kernel(const CUtensorMap& tma_a, const CUtensorMap& tma_b, co
     if (const char* print = std::getenv("FINEGEMM_PRINT_CONFIG"); print && *print == '1')
       std::fprintf(stderr, "finegemm: cluster launch: %d clusters of %d fit at once, %d launched\n", clusters, kCluster,
                    static_cast<int>(config.gridDim.x) / kCluster);
+    config.numAttrs = programmatic ? 2 : 1;
     FG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, tma_out, p, sched));
   }
   FG_CUDA_CHECK(cudaGetLastError());

@@ -431,7 +431,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // With a fold, the FP4 kernel below runs too, gated to where some row block would not fold.
   if (expanded && !expanded->launch_e4m3(p, [&](const void* w, const GemmParams& q) {
         launch_sm90_fp8_gemm(a, lda, w, q.k, q, stream);
-      }))
+      }, fp4_gate_pdl_wanted()))
     return;
   // The lean kernel (sm90_fp8_gemm_lean.cuh) for the recipes it serves: by default at the tile height
   // lean_gemm_block_m picks (none where FINEGEMM_GEMM_CONFIG forces a general config); FINEGEMM_GEMM_LEAN=0 off, =1
