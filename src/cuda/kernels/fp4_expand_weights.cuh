@@ -341,8 +341,8 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_wide_ker
 // scale 2^base goes to row_scale for every row block: the row-scale GEMM (gated on the tile flag) then reads, for the
 // rows of tiles that fold, their tile's scale beside codes folded to it, the same real values as a row fold (powers
 // of two scale exactly, so the GEMM gives the same bits), and the tile-scale GEMM runs where no tile spreads wider.
-// Then the CTA expands its 128 x (128 · kFp4FusedBlocks) codes: 16-byte chunks (one MX group each), 16 per row and 8
-// per thread at 4 K blocks, each through its group's fold row. 4 K blocks: 107 registers, two CTAs per SM (8 K blocks
+// Then the CTA expands its 128 x (128 · kFp4FusedBlocks) codes: 8-byte halves of MX groups, 32 per row (a warp's row)
+// and 16 per thread at 4 K blocks, each through its group's fold row. 4 K blocks: 107 registers, two CTAs per SM (8 K blocks
 // took 187 registers, one CTA per SM). The chunks are loaded before the scales (streaming: the packed weights are read
 // once), so that one memory latency, not two, stands before a CTA's expansion. One launch and one
 // pass over the scales instead of two (the scan took 6.7-7.0 µs, the expansion 23.1-24.3, at M = 4096 N = 4096
@@ -363,7 +363,9 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
   constexpr int kPairs = 128 * kFp4FusedBlocks / kFp4FusedThreads;  // (row, K block) pairs per thread
   constexpr int kRowStep = kFp4FusedThreads / kFp4FusedBlocks;       // rows between a thread's pairs
   constexpr int kChunksPerRow = 4 * kFp4FusedBlocks;                 // 16-byte chunks (MX groups) per row
-  constexpr int kPerThread = 128 * kChunksPerRow / kFp4FusedThreads;
+  constexpr int kHalvesPerRow = 2 * kChunksPerRow;                    // 8-byte halves of them
+  constexpr int kPerThread = 128 * kHalvesPerRow / kFp4FusedThreads;
+  static_assert(kHalvesPerRow == 32, "a warp takes one row's halves, so that each store writes 512 contiguous bytes");
   __shared__ uint2 table[9];
   __shared__ int blk_hi[kWarps][kFp4FusedBlocks], blk_lo[kWarps][kFp4FusedBlocks];
   __shared__ int tile_hi[kFp4FusedBlocks], tile_fold[kFp4FusedBlocks];
@@ -376,17 +378,19 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
   const int tile_row0 = static_cast<int>(tile - group * tiles_per_group) * 128;
   const int kb0 = static_cast<int>(blockIdx.y) * kFp4FusedBlocks;
   const int t = static_cast<int>(threadIdx.x);
-  // The packed chunks first (they do not depend on the scales), so that their loads are in flight while the scales
-  // are read and reduced: chunk c = i · 256 + t is row c / kChunksPerRow, group c % kChunksPerRow of the CTA's (at 4 K
-  // blocks a warp takes two rows' 256 contiguous bytes each per i).
-  uint4 w[kPerThread];
+  // The packed codes first (they do not depend on the scales), so that their loads are in flight while the scales
+  // are read and reduced. Half h = i · 256 + t (8 bytes, half an MX group) is row h / 32, group (h % 32) / 2 of the
+  // CTA's: a warp reads one row's 256 contiguous packed bytes per i and writes its 512 contiguous E4M3 bytes with one
+  // store (full 32-byte sectors; the 16-byte-per-lane chunks of the first version wrote half sectors 32 bytes apart
+  // twice, and took as long as the two separate kernels).
+  uint2 w[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int c = i * kFp4FusedThreads + t;
-    const int cr = c / kChunksPerRow, q = 4 * kb0 + c % kChunksPerRow;
-    const bool valid = tile_row0 + cr < s.n && q < groups;
-    w[i] = valid ? __ldcs(reinterpret_cast<const uint4*>(b + (group * s.n + tile_row0 + cr) * ldb + static_cast<int64_t>(q) * 16))
-                 : make_uint4(0, 0, 0, 0);
+    const int h = i * kFp4FusedThreads + t;
+    const int cr = h / kHalvesPerRow, qh = 8 * kb0 + h % kHalvesPerRow;  // qh: the half's index along the row
+    const bool valid = tile_row0 + cr < s.n && qh / 2 < groups;
+    w[i] = valid ? __ldcs(reinterpret_cast<const uint2*>(b + (group * s.n + tile_row0 + cr) * ldb + static_cast<int64_t>(qh) * 8))
+                 : make_uint2(0, 0);
   }
   // Phase 1: thread t takes K block kb0 + t % kFp4FusedBlocks of rows t / kFp4FusedBlocks + kRowStep · i: each pair's
   // four exponents, their largest and smallest; then the thread's, the warp's (lanes of one K block: equal lane %
@@ -457,22 +461,18 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
     for (int j = 0; j < 4; ++j) dist[r][4 * bl + j] = static_cast<uint8_t>(e[i][j] >= 0 ? min(base - e[i][j], 8) : 0);
   }
   __syncthreads();
-  // Phase 2: expand the chunks loaded at the start.
+  // Phase 2: expand the halves loaded at the start.
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int c = i * kFp4FusedThreads + t;
-    const int cr = c / kChunksPerRow, q = 4 * kb0 + c % kChunksPerRow;
-    if (!(tile_row0 + cr < s.n && q < groups)) continue;
-    const uint2 tab = table[dist[cr][c % kChunksPerRow]];
-    uint32_t o[8];
+    const int h = i * kFp4FusedThreads + t;
+    const int cr = h / kHalvesPerRow, qh = 8 * kb0 + h % kHalvesPerRow;
+    if (!(tile_row0 + cr < s.n && qh / 2 < groups)) continue;
+    const uint2 tab = table[dist[cr][(h % kHalvesPerRow) / 2]];
+    uint32_t o[4];
     e2m1x8_to_e4m3x8(w[i].x, tab.x, tab.y, o[0], o[1]);
     e2m1x8_to_e4m3x8(w[i].y, tab.x, tab.y, o[2], o[3]);
-    e2m1x8_to_e4m3x8(w[i].z, tab.x, tab.y, o[4], o[5]);
-    e2m1x8_to_e4m3x8(w[i].w, tab.x, tab.y, o[6], o[7]);
-    uint4* dst = reinterpret_cast<uint4*>(out + (group * s.n + tile_row0 + cr) * static_cast<int64_t>(k) +
-                                          static_cast<int64_t>(q) * 32);
-    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    *reinterpret_cast<uint4*>(out + (group * s.n + tile_row0 + cr) * static_cast<int64_t>(k) + static_cast<int64_t>(qh) * 16) =
+        make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
