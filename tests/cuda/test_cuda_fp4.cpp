@@ -701,7 +701,14 @@ TEST_P(Fp4Linear, ExactWideExpansion) {
       if (std::string(mode) == "2") EXPECT_GT(cuda::fp4_scan_wide_launches(), scans) << "the wide scan was not launched";
       else EXPECT_EQ(cuda::fp4_scan_wide_launches(), scans) << "the wide scan ran without FINEGEMM_FP4_EXPAND_WIDE=2";
     }
-    // Bit for bit against the default kernels: byte UE8M0 scales (the fold and the scan), random BF16 rows.
+    {  // Unset: dense expansions take the fused kernel (the default since stop 51).
+      const ScopedEnv unset("FINEGEMM_FP4_EXPAND_WIDE", "");
+      const long long fused_before = cuda::fp4_expand_fused_launches();
+      check_exact(target(), gpu(), "default expansion, tops shared per tile", tiles, ms, {ScaleKind::UE8M0},
+                  {ActKind::Static});
+      EXPECT_GT(cuda::fp4_expand_fused_launches(), fused_before) << "the dense default did not take the fused kernel";
+    }
+    // Bit for bit against the two kernels of mode 0: byte UE8M0 scales (the fold and the scan), random BF16 rows.
     const Buffer x = testing::random_tensor(DType::BF16, {200, k});
     Buffer x_scale(DType::F32, {});
     *x_scale.ptr<float>() = 4.0f / 448.0f;

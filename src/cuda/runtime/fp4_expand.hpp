@@ -88,7 +88,9 @@ bool fp4_expand_wanted(const GemmParams& p);
 // kernels' scan-only calls too); 0 neither; unset (-1) the wide scan on the lean kernels' scan-only calls only (the
 // default since stop 44: DeepSeek-V3 FP4 layer at T = 4096 8661 -> 8455 µs on an H100, stop 44 call 1; the dense
 // expansion no faster with either mode: 201.1 / 202.1 / 202.4 µs at M = 4096 N = 4096 K = 7168). Anything else is an
-// error naming the variable. The counters give the wide kernels' launches (tests).
+// error naming the variable. 3 runs the fold scan and the expansion in one kernel (fp4_scan_expand_kernel), which is
+// also the default (unset) for dense expansions since stop 51 (0 gives the two kernels back). The counters give the
+// wide and fused kernels' launches (tests).
 int fp4_expand_wide_mode();
 long long fp4_expand_wide_launches();
 long long fp4_scan_wide_launches();
