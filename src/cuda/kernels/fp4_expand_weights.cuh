@@ -342,10 +342,10 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_wide_ker
 // rows of tiles that fold, their tile's scale beside codes folded to it, the same real values as a row fold (powers
 // of two scale exactly, so the GEMM gives the same bits), and the tile-scale GEMM runs where no tile spreads wider.
 // Then the CTA expands its 128 x (128 · kFp4FusedBlocks) codes: 8-byte halves of MX groups, 32 per row (a warp's row)
-// and 16 per thread at 4 K blocks, each through its group's fold row. 4 K blocks: 107 registers, two CTAs per SM (8 K blocks
-// took 187 registers, one CTA per SM). The chunks are loaded before the scales (streaming: the packed weights are read
-// once), so that one memory latency, not two, stands before a CTA's expansion. One launch and one
-// pass over the scales instead of two (the scan took 6.7-7.0 µs, the expansion 23.1-24.3, at M = 4096 N = 4096
+// and 16 per thread at 4 K blocks, each through its group's fold row. 4 K blocks: 118 registers, no local memory, two
+// CTAs per SM (8 K blocks of 16-byte chunks took 187 registers, one CTA per SM). The codes are loaded before the
+// scales (streaming: the packed weights are read once), so that one memory latency, not two, stands before a CTA's
+// expansion. One launch and one pass over the scales instead of two (the scan took 6.7-7.0 µs, the expansion 23.1-24.3, at M = 4096 N = 4096
 // K = 7168 under ncu, stop 22). Byte UE8M0 scales only (the fold). Where a row block spreads over 8 the codes are
 // still written (no CTA knows the others' flags), and go unused: the row flag gates both E4M3 GEMMs off and the FP4
 // kernel runs on the packed weights.
