@@ -345,8 +345,8 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_wide_ker
 // and 16 per thread at 4 K blocks, each through its group's fold row. 4 K blocks: 118 registers, no local memory, two
 // CTAs per SM (8 K blocks of 16-byte chunks took 187 registers, one CTA per SM). The codes are loaded before the
 // scales (streaming: the packed weights are read once), so that one memory latency, not two, stands before a CTA's
-// expansion. One launch and one pass over the scales instead of two (the scan took 6.7-7.0 µs, the expansion 23.1-24.3, at M = 4096 N = 4096
-// K = 7168 under ncu, stop 22). Byte UE8M0 scales only (the fold). Where a row block spreads over 8 the codes are
+// expansion. One launch and one pass over the scales instead of two (the scan took 6.7-7.0 µs, the expansion
+// 23.1-24.3, at M = 4096 N = 4096 K = 7168 under ncu, stop 22; the fused kernel 17.5-17.9 on an H100, stop 51). Byte UE8M0 scales only (the fold). Where a row block spreads over 8 the codes are
 // still written (no CTA knows the others' flags), and go unused: the row flag gates both E4M3 GEMMs off and the FP4
 // kernel runs on the packed weights.
 inline constexpr int kFp4FusedBlocks = 4;
@@ -389,8 +389,8 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
     const int h = i * kFp4FusedThreads + t;
     const int cr = h / kHalvesPerRow, qh = 8 * kb0 + h % kHalvesPerRow;  // qh: the half's index along the row
     const bool valid = tile_row0 + cr < s.n && qh / 2 < groups;
-    w[i] = valid ? __ldcs(reinterpret_cast<const uint2*>(b + (group * s.n + tile_row0 + cr) * ldb + static_cast<int64_t>(qh) * 8))
-                 : make_uint2(0, 0);
+    const uint8_t* src = b + (group * s.n + tile_row0 + cr) * ldb + static_cast<int64_t>(qh) * 8;
+    w[i] = valid ? __ldcs(reinterpret_cast<const uint2*>(src)) : make_uint2(0, 0);
   }
   // Phase 1: thread t takes K block kb0 + t % kFp4FusedBlocks of rows t / kFp4FusedBlocks + kRowStep · i: each pair's
   // four exponents, their largest and smallest; then the thread's, the warp's (lanes of one K block: equal lane %
@@ -471,8 +471,8 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
     uint32_t o[4];
     e2m1x8_to_e4m3x8(w[i].x, tab.x, tab.y, o[0], o[1]);
     e2m1x8_to_e4m3x8(w[i].y, tab.x, tab.y, o[2], o[3]);
-    *reinterpret_cast<uint4*>(out + (group * s.n + tile_row0 + cr) * static_cast<int64_t>(k) + static_cast<int64_t>(qh) * 16) =
-        make_uint4(o[0], o[1], o[2], o[3]);
+    uint8_t* dst = out + (group * s.n + tile_row0 + cr) * static_cast<int64_t>(k) + static_cast<int64_t>(qh) * 16;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
