@@ -389,8 +389,9 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
     const int h = i * kFp4FusedThreads + t;
     const int cr = h / kHalvesPerRow, qh = 8 * kb0 + h % kHalvesPerRow;  // qh: the half's index along the row
     const bool valid = tile_row0 + cr < s.n && qh / 2 < groups;
-    const uint8_t* src = b + (group * s.n + tile_row0 + cr) * ldb + static_cast<int64_t>(qh) * 8;
-    w[i] = valid ? __ldcs(reinterpret_cast<const uint2*>(src)) : make_uint2(0, 0);
+    w[i] = valid ? __ldcs(reinterpret_cast<const uint2*>(b + (group * s.n + tile_row0 + cr) * ldb +
+                                                         static_cast<int64_t>(qh) * 8))
+                 : make_uint2(0, 0);
   }
   // Phase 1: thread t takes K block kb0 + t % kFp4FusedBlocks of rows t / kFp4FusedBlocks + kRowStep · i: each pair's
   // four exponents, their largest and smallest; then the thread's, the warp's (lanes of one K block: equal lane %
@@ -471,8 +472,8 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
     uint32_t o[4];
     e2m1x8_to_e4m3x8(w[i].x, tab.x, tab.y, o[0], o[1]);
     e2m1x8_to_e4m3x8(w[i].y, tab.x, tab.y, o[2], o[3]);
-    uint8_t* dst = out + (group * s.n + tile_row0 + cr) * static_cast<int64_t>(k) + static_cast<int64_t>(qh) * 16;
-    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<uint4*>(out + (group * s.n + tile_row0 + cr) * static_cast<int64_t>(k) +
+                              static_cast<int64_t>(qh) * 16) = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
