@@ -346,9 +346,9 @@ __global__ void __launch_bounds__(kFp4ExpandThreads) fp4_expand_weights_wide_ker
 // CTAs per SM (8 K blocks of 16-byte chunks took 187 registers, one CTA per SM). The codes are loaded before the
 // scales (streaming: the packed weights are read once), so that one memory latency, not two, stands before a CTA's
 // expansion. One launch and one pass over the scales instead of two (the scan took 6.7-7.0 µs, the expansion
-// 23.1-24.3, at M = 4096 N = 4096 K = 7168 under ncu, stop 22; the fused kernel 17.5-17.9 on an H100, stop 51). Byte UE8M0 scales only (the fold). Where a row block spreads over 8 the codes are
-// still written (no CTA knows the others' flags), and go unused: the row flag gates both E4M3 GEMMs off and the FP4
-// kernel runs on the packed weights.
+// 23.1-24.3, at M = 4096 N = 4096 K = 7168 under ncu, stop 22; the fused kernel 17.5-17.9 on an H100, stop 51).
+// Byte UE8M0 scales only (the fold). Where a row block spreads over 8 the codes are still written (no CTA knows the
+// others' flags), and go unused: the row flag gates both E4M3 GEMMs off and the FP4 kernel runs on the packed weights.
 inline constexpr int kFp4FusedBlocks = 4;
 inline constexpr int kFp4FusedThreads = 256;
 static_assert(kFp4FusedBlocks <= 32 && (kFp4FusedBlocks & (kFp4FusedBlocks - 1)) == 0 &&
