@@ -381,8 +381,8 @@ __global__ void __launch_bounds__(kFp4FusedThreads, 2) fp4_scan_expand_kernel(
   // The packed codes first (they do not depend on the scales), so that their loads are in flight while the scales
   // are read and reduced. Half h = i · 256 + t (8 bytes, half an MX group) is row h / 32, group (h % 32) / 2 of the
   // CTA's: a warp reads one row's 256 contiguous packed bytes per i and writes its 512 contiguous E4M3 bytes with one
-  // store (full 32-byte sectors; the 16-byte-per-lane chunks of the first version wrote half sectors 32 bytes apart
-  // twice, and took as long as the two separate kernels).
+  // store (whole sectors; the first version's 16-byte-per-lane chunks, each store writing half sectors 32 bytes apart,
+  // took as long as the two separate kernels: 24.5-25.9 against 17.5-17.9 µs on an H100, stop 51).
   uint2 w[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
