@@ -1729,22 +1729,30 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       moe_experts(f, {Backend::Reference});
       f.out = out_shape;
       MoeBar fold_bar{f, fold_ref};
+      const long long rows_scans = cuda::fp4_scan_rows_launches();
       const Buffer out = run_moe(f, target());
+      // Byte UE8M0 scales fold: by default each expansion scans along the scale rows (fp4_fold_scan_rows_kernel).
+      EXPECT_EQ(cuda::fp4_scan_rows_launches() - rows_scans, v.kind == ScaleKind::UE8M0 ? 2 : 0)
+          << "gate_up's and down's scans along the scale rows";
       const auto cmp = testing::compare(out, fold_ref);
       EXPECT_EQ(cmp.non_finite, 0);
       EXPECT_LE(cmp.rel, fold_bar(cmp.rel));
       // The wide expansion, and with it the wide scan (FINEGEMM_FP4_EXPAND_WIDE=1 / 2, stop 43), on the grouped layout
       // (the experts' row offsets on the device, a tile per 128 rows of each expert): the default expansion's bits.
-      // With =3 the fused scan and expansion (fp4_scan_expand_kernel, stop 50), where the scales are byte UE8M0.
-      for (const char* mode : {"1", "2", "3"}) {
+      // With =3 the fused scan and expansion (fp4_scan_expand_kernel, stop 50), where the scales are byte UE8M0; with
+      // =0 the scan with a CTA per tile and K block (fp4_fold_scan_kernel, the grouped default until stop 52).
+      for (const char* mode : {"0", "1", "2", "3"}) {
         const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
-        const bool fused = std::string(mode) == "3";
+        const bool fused = std::string(mode) == "3", narrow = std::string(mode) == "0";
         const long long before = fused ? cuda::fp4_expand_fused_launches() : cuda::fp4_expand_wide_launches();
+        const long long rows_before = cuda::fp4_scan_rows_launches();
         const Buffer wide_out = run_moe(f, target());
         EXPECT_EQ(wide_out.bytes, out.bytes) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode << ": not the default expansion's bits";
+        EXPECT_EQ(cuda::fp4_scan_rows_launches(), rows_before) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode
+                                                               << " took the scan along the scale rows";
         const long long after = fused ? cuda::fp4_expand_fused_launches() : cuda::fp4_expand_wide_launches();
         if (!fused || v.kind == ScaleKind::UE8M0)
-          EXPECT_EQ(after - before, 2) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode << ": gate_up's and down's expansions";
+          EXPECT_EQ(after - before, narrow ? 0 : 2) << "FINEGEMM_FP4_EXPAND_WIDE=" << mode << ": gate_up's and down's expansions";
       }
       // The grouped lean kernel expanding the packed experts in its producer warpgroup (FINEGEMM_FP4_LEAN, off by
       // default), at each tile height. Where every tile folds it runs the expanded path's E4M3 GEMM with the same
@@ -1753,6 +1761,19 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
       // scales with activation groups of 128 (the first variant); the others run as before.
       const bool served = v.kind == ScaleKind::UE8M0 && v.act.granularity == ActGranularity::PerTokenGroup &&
                           v.act.group_size == 128;
+      // The expanded experts' E4M3 GEMM on the grouped lean kernel (FINEGEMM_GROUPED_LEAN=192, the default from 256
+      // rows per expert since stop 52): the tile-scale launch reads its gate (it runs where every tile folds, else it
+      // leaves and the row-scale launch, on the general kernel, runs); the same bits as the general kernel (=0).
+      // Taken by the tile-scale launches of gate_up and down where the lean kernel serves them (served, below).
+      {
+        const bool lean_served = v.kind == ScaleKind::UE8M0 && v.act.granularity == ActGranularity::PerTokenGroup &&
+                                 v.act.group_size == 128;
+        const ScopedEnv forced("FINEGEMM_GROUPED_LEAN", "192");
+        const long long before = cuda::grouped_lean_launches();
+        const Buffer lean_out = run_moe(f, target());
+        EXPECT_EQ(cuda::grouped_lean_launches() - before, lean_served ? 2 : 0) << "the expanded experts' tile launches";
+        EXPECT_EQ(lean_out.bytes, out.bytes) << "FINEGEMM_GROUPED_LEAN=192: not the general kernel's bits";
+      }
       for (const auto& [height, order] : {std::pair{"128", "serial"}, {"192", "serial"}, {"256", "serial"},
                                           {"128", "batched"}, {"192", "batched"}, {"128", "split"},
                                           {"128", "consumers"}, {"192", "consumers"}}) {
@@ -1781,14 +1802,16 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
           lean_narrow = run_moe(f, target());
           EXPECT_EQ(cuda::fp4_scan_wide_launches(), scans) << "FINEGEMM_FP4_EXPAND_WIDE=0 took the wide scan";
         }
+        // Unset: the scan along the scale rows (fp4_fold_scan_rows_kernel, the default since stop 52); 2: the wide scan.
         for (const char* mode : {"", "2"}) {
           const ScopedEnv wide("FINEGEMM_FP4_EXPAND_WIDE", mode);
-          const long long scans = cuda::fp4_scan_wide_launches();
+          const bool rows = *mode == '\0';
+          const long long scans = rows ? cuda::fp4_scan_rows_launches() : cuda::fp4_scan_wide_launches();
           const Buffer lean_wide = run_moe(f, target());
           EXPECT_EQ(lean_wide.bytes, lean_narrow.bytes)
               << "FINEGEMM_FP4_EXPAND_WIDE='" << mode << "': not the tiles scan's bits";
-          EXPECT_EQ(cuda::fp4_scan_wide_launches() - scans, 2) << "FINEGEMM_FP4_EXPAND_WIDE='" << mode
-                                                                << "': gate_up's and down's scans";
+          EXPECT_EQ((rows ? cuda::fp4_scan_rows_launches() : cuda::fp4_scan_wide_launches()) - scans, 2)
+              << "FINEGEMM_FP4_EXPAND_WIDE='" << mode << "': gate_up's and down's scans";
         }
       }
     }

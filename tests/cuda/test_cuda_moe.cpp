@@ -448,6 +448,46 @@ HostTensor bias_as(const HostTensor& bias, DType dtype) {
   return out;
 }
 
+// The grouped lean kernel by default (FINEGEMM_GROUPED_LEAN unset, stop 52): 192-row tiles from 256 rows per expert
+// on average. T = 600, top-8 over 16 experts (~300 rows each): both Store GEMMs (gate_up unfused and down) take it,
+// with the general kernel's bits (=0) and within the reference's bar; at T = 300 (~150 rows each) neither does. Every
+// recipe it serves, and one it does not (the general kernel, the same bits).
+TEST_F(CudaMoe, GroupedLeanByDefault) {
+  const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0"), unset("FINEGEMM_GROUPED_LEAN", "");
+  const auto recipes = all_recipes();
+  int served = 0, unserved = 0;
+  for (size_t r = 0; r < recipes.size(); ++r) {
+    const bool serves = grouped_lean_serves(recipes[r]);
+    if (!serves && unserved++ > 0) continue;
+    served += serves;
+    for (const int64_t tokens : {600, 300}) {
+      MoeProblem problem = spread_problem(kVariants[(r % 2) * 3]);
+      problem.tokens = tokens;
+      const auto masters = tools::make_moe_masters(rng(), problem);
+      auto data = tools::make_moe(rng(), recipes[r], problem, masters);
+      HostTensor ref(problem.out_dtype, {problem.tokens, problem.hidden});
+      moe_experts(data.args(ref.view), {Backend::Reference});
+      HostTensor off;
+      {
+        const testing::ScopedEnv forced_off("FINEGEMM_GROUPED_LEAN", "0");
+        off = run_on_gpu(data);
+      }
+      const long long before = cuda::grouped_lean_launches();
+      const HostTensor on = run_on_gpu(data);
+      const bool taken = serves && tokens == 600;
+      EXPECT_EQ(cuda::grouped_lean_launches() - before, taken ? 2 : 0)
+          << recipes[r].name << " T=" << tokens << (taken ? ": gate_up and down did not both take it" : ": taken");
+      EXPECT_EQ(0, std::memcmp(on.bytes.data(), off.bytes.data(), on.bytes.size()))
+          << recipes[r].name << " T=" << tokens << ": not the general kernel's bits";
+      const auto cmp = tools::compare(on.view, ref.view);
+      EXPECT_TRUE(cmp.ok(kMoeBar)) << recipes[r].name << " T=" << tokens << " rel=" << cmp.rel
+                                   << " non-finite=" << cmp.non_finite;
+    }
+  }
+  EXPECT_GE(served, 7) << "all_recipes() lost the recipes the grouped lean kernel serves";
+  EXPECT_GE(unserved, 1) << "all_recipes() has no recipe the grouped lean kernel does not serve";
+}
+
 // GroupedLeanSameBits with expert biases (GPT-OSS), on the recipes the grouped lean mode serves: both biased
 // activation variants (SwiGLU with a limit, and the interleaved SwiGLU-OAI), each with gate_up / down biases in
 // F32 / F32, BF16 / F16 and F16 / BF16; FP32 and BF16 y; the same bits as the general kernel from every tile height

@@ -240,8 +240,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(!kSfbWarp || (!kGrouped && !kFp4B), "kSfbWarp: the dense E4M3 lean kernel");
   static_assert(!kStreamK || (!kGrouped && !kFp4B && !kPair && !kGated && !kSfbWarp),
                 "kStreamK: the dense E4M3 lean kernel, unpaired, ungated, the consumers loading the B scales");
-  if constexpr (kFp4B || kGated) {
-    // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves.
+  if constexpr (kFp4B || kGated || kGrouped) {
+    // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves. The
+    // grouped E4M3 kernel reads the gate where it is given (the MoE's FP4 experts expanded, stop 52).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (p.gate != nullptr && p.gate_trigger) cudaTriggerProgrammaticLaunchCompletion();  // GemmParams::gate_trigger
 #endif

@@ -18,6 +18,7 @@ bool expandable(const GemmParams& p) {
 
 std::atomic<long long> expand_wide_launch_count{0};
 std::atomic<long long> scan_wide_launch_count{0};
+std::atomic<long long> scan_rows_launch_count{0};
 std::atomic<long long> expand_fused_launch_count{0};
 std::atomic<long long> gate_chain_count{0};
 
@@ -44,6 +45,7 @@ int fp4_expand_wide_mode() {
 
 long long fp4_expand_wide_launches() { return expand_wide_launch_count.load(std::memory_order_relaxed); }
 long long fp4_scan_wide_launches() { return scan_wide_launch_count.load(std::memory_order_relaxed); }
+long long fp4_scan_rows_launches() { return scan_rows_launch_count.load(std::memory_order_relaxed); }
 long long fp4_expand_fused_launches() { return expand_fused_launch_count.load(std::memory_order_relaxed); }
 long long fp4_gate_chains() { return gate_chain_count.load(std::memory_order_relaxed); }
 void Fp4Expansion::count_gate_chain() { gate_chain_count.fetch_add(1, std::memory_order_relaxed); }
@@ -126,8 +128,22 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
       expand_fused_launch_count.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    // The wide scan: with mode 2, and by default (-1) on scan-only calls.
-    const bool wide_scan = wide_mode == 2 || (scan_only && wide_mode == -1);
+    // By default (-1; here: scan-only calls and grouped expansions) the scan along the scale rows
+    // (fp4_fold_scan_rows_kernel, stop 52).
+    if (wide_mode == -1) {
+      fp4_fold_scan_rows_kernel<<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,
+                                                                                           tile_scale_, flags_);
+      scan_rows_launch_count.fetch_add(1, std::memory_order_relaxed);
+      if (scan_only) {
+        FG_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
+      expand(std::true_type{}, tile_emax, row_scale_, flags_);
+      FG_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+    // The wide scan: with mode 2 (scan-only calls took it by default from stop 44 to stop 51).
+    const bool wide_scan = wide_mode == 2;
     if (scan_only && !wide_scan) {
       // One CTA per tile walking its K blocks (fp4_fold_scan_tiles_kernel): the per-(tile, K block) grid below takes
       // 458752 CTAs for DeepSeek-V3's gate_up experts. The expansion's own scan is left as measured.

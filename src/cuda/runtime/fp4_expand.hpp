@@ -90,10 +90,13 @@ bool fp4_expand_wanted(const GemmParams& p);
 // expansion no faster with either mode: 201.1 / 202.1 / 202.4 µs at M = 4096 N = 4096 K = 7168). Anything else is an
 // error naming the variable. 3 runs the fold scan and the expansion in one kernel (fp4_scan_expand_kernel), which is
 // also the default (unset) for dense expansions since stop 51 (0 gives the two kernels back). The counters give the
-// wide and fused kernels' launches (tests).
+// wide and fused kernels' launches (tests). Unset, grouped expansions and the lean kernels' scan-only calls scan along
+// the scale rows (fp4_fold_scan_rows_kernel, stop 52; counted by fp4_scan_rows_launches); 0, 1 and 3 give them their
+// earlier scans (the scan-only calls the tiles scan), 2 the wide scan.
 int fp4_expand_wide_mode();
 long long fp4_expand_wide_launches();
 long long fp4_scan_wide_launches();
+long long fp4_scan_rows_launches();
 long long fp4_expand_fused_launches();
 // FINEGEMM_FP4_GATE_PDL=1: the dense FP4 prefill's gated launches chained programmatically (Fp4Expansion::launch_e4m3);
 // off by default until measured. fp4_gate_chains() counts the chained calls (tests).

@@ -231,7 +231,9 @@ bool grouped_lean_ok(const GemmParams& p, int block_m, int num_groups, int devic
     return false;
   // An expert bias (load_bias's dtypes) is added as the general kernel's Store epilogue adds it; a column scale is not
   // (set_weight_scales gives one only to per-tensor and per-channel weights, which have no block scales).
-  if (p.gate != nullptr || p.workspace != nullptr || p.col_mode != VecMode::None) return false;
+  // A gate (the expanded FP4 experts' tile-scale launch, Fp4Expansion::launch_e4m3) is read at the kernel's start.
+  // (Not one chained by programmatic dependent launch: this kernel does not wait for the launch ahead.)
+  if (p.gate_wait || p.workspace != nullptr || p.col_mode != VecMode::None) return false;
   // Two outputs per store: even N and leading dimension, the output aligned to a pair.
   const size_t elem = p.out_dtype == OutDType::F32 ? 4 : 2;
   if (p.n % 2 != 0 || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % (2 * elem) != 0) return false;

@@ -68,6 +68,21 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   }
 }
 
+// The grouped lean kernel's tile height for the Store GEMMs, 0 for the general kernel. FINEGEMM_GROUPED_LEAN=0 /
+// 128 / 192 / 256 forces it; unset, 192 from 256 rows per expert on average. Measured (stop 52, H100, bench_cuda_moe,
+// layer µs, three rounds each, general / lean 192 / lean 256): DeepSeek-V3 FP8 T = 16384 (512 rows per expert)
+// 16.3-17.3k / 14.7-15.4k / 16.0-16.7k on the FP32, UE8M0 and static recipes; T = 8192 (256 rows) 9.9-10.3k /
+// 9.6-9.9k / 9.2-9.6k; Qwen3-30B-A3B T = 16384 (1024 rows) 2584-2629 / 2551-2564 / 2546-2592, T = 4096 (256 rows)
+// 777-809 / 791-794 / 784-813. At stop 39 (H200) it was no faster at T = 2048 and 4096 (64 and 128 rows per expert).
+int grouped_lean_block_m(int64_t expected_rows_per_group) {
+  const char* lean = std::getenv("FINEGEMM_GROUPED_LEAN");
+  if (lean == nullptr || *lean == '\0') return expected_rows_per_group >= 256 ? 192 : 0;
+  const std::string v = lean;
+  if (v != "0" && v != "128" && v != "192" && v != "256")
+    throw Error("FINEGEMM_GROUPED_LEAN: expected 0 (off), 128, 192 or 256 (the tile height), got '" + v + "'");
+  return std::stoi(v);
+}
+
 }  // namespace
 
 void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
@@ -112,16 +127,15 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
       }))
     return;
   const int num_sms = num_sms_of_device(device);
-  // FINEGEMM_GROUPED_LEAN=128 / 192 / 256 (off until measured on the GPU): the lean kernel's grouped mode for the
-  // Store GEMM where it serves the call (grouped_lean_ok); elsewhere the general kernel below.
-  if (const char* lean = std::getenv("FINEGEMM_GROUPED_LEAN"); lean && *lean && std::strcmp(lean, "0") != 0) {
-    const std::string v = lean;
-    if (v != "128" && v != "192" && v != "256")
-      throw Error("FINEGEMM_GROUPED_LEAN: expected 0 (off), 128, 192 or 256 (the tile height), got '" + v + "'");
-    const int lean_m = std::stoi(v);
-    p.workspace = nullptr;
-    if (epilogue == Epilogue::Store && grouped_lean_ok(p, lean_m, layout.num_groups, device)) {
-      launch_sm90_fp8_grouped_lean(a, lda, b, ldb, layout, p, lean_m, device, stream);
+  // The lean kernel's grouped mode for the Store GEMMs where it serves the call (grouped_lean_ok), elsewhere the
+  // general kernel below. By default 192-row tiles once the experts average 256 rows or more (grouped_lean_default_m);
+  // FINEGEMM_GROUPED_LEAN=0 turns it off, =128 / 192 / 256 takes that height at every size.
+  if (const int lean_m = grouped_lean_block_m(layout.expected_rows_per_group);
+      lean_m != 0 && epilogue == Epilogue::Store) {
+    GemmParams q = p;
+    q.workspace = nullptr;
+    if (grouped_lean_ok(q, lean_m, layout.num_groups, device)) {
+      launch_sm90_fp8_grouped_lean(a, lda, b, ldb, layout, q, lean_m, device, stream);
       return;
     }
   }
