@@ -451,7 +451,8 @@ HostTensor bias_as(const HostTensor& bias, DType dtype) {
 // The grouped lean kernel by default (FINEGEMM_GROUPED_LEAN unset, stop 52): 192-row tiles from 256 rows per expert
 // on average. T = 600, top-8 over 16 experts (~300 rows each): both Store GEMMs (gate_up unfused and down) take it,
 // with the general kernel's bits (=0) and within the reference's bar; at T = 300 (~150 rows each) neither does. Every
-// recipe it serves, and one it does not (the general kernel, the same bits).
+// recipe it serves, and one it does not (the general kernel, the same bits). FINEGEMM_GROUPED_BLOCK_M set keeps the
+// general kernel.
 TEST_F(CudaMoe, GroupedLeanByDefault) {
   const testing::ScopedEnv grouped("FINEGEMM_MOE_DECODE", "0"), unset("FINEGEMM_GROUPED_LEAN", "");
   const auto recipes = all_recipes();
@@ -482,6 +483,14 @@ TEST_F(CudaMoe, GroupedLeanByDefault) {
       const auto cmp = tools::compare(on.view, ref.view);
       EXPECT_TRUE(cmp.ok(kMoeBar)) << recipes[r].name << " T=" << tokens << " rel=" << cmp.rel
                                    << " non-finite=" << cmp.non_finite;
+      if (taken) {  // a general-kernel setting keeps the general kernel
+        const testing::ScopedEnv general("FINEGEMM_GROUPED_BLOCK_M", "192");
+        const long long before_general = cuda::grouped_lean_launches();
+        const HostTensor forced = run_on_gpu(data);
+        EXPECT_EQ(cuda::grouped_lean_launches(), before_general)
+            << recipes[r].name << ": taken with FINEGEMM_GROUPED_BLOCK_M set";
+        EXPECT_EQ(0, std::memcmp(forced.bytes.data(), off.bytes.data(), off.bytes.size())) << recipes[r].name;
+      }
     }
   }
   EXPECT_GE(served, 7) << "all_recipes() lost the recipes the grouped lean kernel serves";

@@ -74,9 +74,16 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 // 16.3-17.3k / 14.7-15.4k / 16.0-16.7k on the FP32, UE8M0 and static recipes; T = 8192 (256 rows) 9.9-10.3k /
 // 9.6-9.9k / 9.2-9.6k; Qwen3-30B-A3B T = 16384 (1024 rows) 2584-2629 / 2551-2564 / 2546-2592, T = 4096 (256 rows)
 // 777-809 / 791-794 / 784-813. At stop 39 (H200) it was no faster at T = 2048 and 4096 (64 and 128 rows per expert).
+// A setting of the general kernel's (FINEGEMM_GROUPED_BLOCK_M, _CLUSTER, _TMA_STORE, _ORDER) keeps the general kernel
+// unless FINEGEMM_GROUPED_LEAN is set too.
 int grouped_lean_block_m(int64_t expected_rows_per_group) {
   const char* lean = std::getenv("FINEGEMM_GROUPED_LEAN");
-  if (lean == nullptr || *lean == '\0') return expected_rows_per_group >= 256 ? 192 : 0;
+  if (lean == nullptr || *lean == '\0') {
+    for (const char* general : {"FINEGEMM_GROUPED_BLOCK_M", "FINEGEMM_GROUPED_CLUSTER", "FINEGEMM_GROUPED_TMA_STORE",
+                                "FINEGEMM_GROUPED_ORDER"})
+      if (const char* v = std::getenv(general); v != nullptr && *v != '\0') return 0;
+    return expected_rows_per_group >= 256 ? 192 : 0;
+  }
   const std::string v = lean;
   if (v != "0" && v != "128" && v != "192" && v != "256")
     throw Error("FINEGEMM_GROUPED_LEAN: expected 0 (off), 128, 192 or 256 (the tile height), got '" + v + "'");
