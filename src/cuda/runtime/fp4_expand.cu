@@ -119,7 +119,8 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
     // The scan and the expansion in one kernel (fp4_scan_expand_kernel): with mode 3, and by default (-1) on dense
     // calls (stop 51, H100, M = 4096 N = 4096 K = 7168: 17.5-17.9 µs under ncu against 5.7-6.4 + 19.4-20.1 for the
     // scan and the expansion; the dense FP4 prefill 194.7 against 201.4 µs by graph replay, median of four rounds).
-    // Grouped expansions keep the two kernels until measured.
+    // Grouped expansions keep two kernels: the fused one measured no faster there (stop 52, H100, DeepSeek-V3 FP4
+    // T = 16384: 24082 against 24104 µs with the scan and expansion of then).
     if (!scan_only && (wide_mode == 3 || (wide_mode == -1 && groups == 1))) {
       const auto fused_y = static_cast<unsigned>((blocks_ + kFp4FusedBlocks - 1) / kFp4FusedBlocks);
       fp4_scan_expand_kernel<<<dim3(static_cast<unsigned>(groups * tiles_), fused_y), kFp4FusedThreads, 0, stream>>>(
