@@ -135,7 +135,7 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
     return;
   const int num_sms = num_sms_of_device(device);
   // The lean kernel's grouped mode for the Store GEMMs where it serves the call (grouped_lean_ok), elsewhere the
-  // general kernel below. By default 192-row tiles once the experts average 256 rows or more (grouped_lean_default_m);
+  // general kernel below. By default 192-row tiles once the experts average 256 rows or more (grouped_lean_block_m);
   // FINEGEMM_GROUPED_LEAN=0 turns it off, =128 / 192 / 256 takes that height at every size.
   if (const int lean_m = grouped_lean_block_m(layout.expected_rows_per_group);
       lean_m != 0 && epilogue == Epilogue::Store) {
