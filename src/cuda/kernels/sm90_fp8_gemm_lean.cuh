@@ -73,7 +73,7 @@ struct LeanGemm {
   using Sched = GroupedScheduler<BLOCK_M, kMaxGroupedLeanExperts>;
   static int grouped_smem_bytes(int num_kb) { return smem_bytes(num_kb) - kStaging + Sched::kSmemBytes; }
   // kFp4B: the packed ring (kRawStages K blocks of 128 rows x 64 bytes) after the staging tiles, then its barriers
-  // (full, empty) and the nine fold-table rows, before the A scales.
+  // (full, empty), the nine fold-table rows and the issuing thread's B row, before the A scales.
   // Seven (four until stop 39; seven fit beside every height's stages: 225 KB at 128 rows, four stages, with the staging
   // tiles). ncu at M = 4096 N = 4096 K = 7168 with four: ~1 µs per K block against the E4M3 lean kernel's 0.43, a
   // fifth of the producers' warp samples at the packed ring's full barrier. Seven did not change the time (458 vs
@@ -83,7 +83,7 @@ struct LeanGemm {
   static constexpr int kRawStages = 7;
   static constexpr int kStageRaw = kLeanBlockN * kGemmBlockK / 2;
   static constexpr int kFp4Extra = kRawStages * kStageRaw + 256;
-  static_assert(2 * kRawStages * 8 + 9 * 8 <= 256, "the packed ring's barriers and the fold table fit");
+  static_assert(2 * kRawStages * 8 + 9 * 8 + 4 <= 256, "the packed ring's barriers, the fold table and the B row fit");
 };
 
 
@@ -258,6 +258,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   uint64_t* packed_full = reinterpret_cast<uint64_t*>(smem_packed + L::kRawStages * L::kStageRaw);
   uint64_t* packed_empty = packed_full + L::kRawStages;
   uint2* fold_tab = reinterpret_cast<uint2*>(packed_empty + L::kRawStages);
+  // kFp4B: the B row of the tile whose packed K blocks the issuing thread loads (written and read by it alone).
+  volatile int* packed_b_row = reinterpret_cast<volatile int*>(fold_tab + 9);
   float* smem_sfb = smem_sfa + S * BLOCK_M;
   const int num_kb = p.k / kGemmBlockK;
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_sfb) + (num_kb * 4 + 15) / 16 * 16);
@@ -350,10 +352,13 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           if (load_t >= num_tiles) return;
           const uint32_t slot = issued % R;
           if (issued >= R) ptx::mbar_wait(&packed_empty[slot], (issued / R - 1) & 1u);
-          const Tile lt = tile_of(load_t);
+          if (load_kb == 0) {  // the tile's B row, once per tile (see the kFp4B producers' issue_packed)
+            const Tile lt = tile_of(load_t);
+            *packed_b_row = lt.group * p.n + lt.n0;
+          }
           ptx::mbar_arrive_expect_tx(&packed_full[slot], L::kStageRaw);
           ptx::tma_load_2d(smem_packed + slot * L::kStageRaw, &tma_b, &packed_full[slot], load_kb * (kGemmBlockK / 2),
-                           lt.group * p.n + lt.n0);
+                           *packed_b_row);
           ++issued;
           if (++load_kb == num_kb) {
             load_kb = 0;
@@ -412,10 +417,19 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         if (load_t >= num_tiles) return;
         const uint32_t slot = issued % R;
         if (issued >= R) ptx::mbar_wait(&packed_empty[slot], (issued / R - 1) & 1u);
-        const Tile lt = tile_of(load_t);
+        // The tile's B row once per tile, not per K block: for the grouped kernels tile_of is the scheduler's binary
+        // search over the experts (eight dependent shared loads at 256 experts) and a division, and the issuing
+        // thread expands a row too, so every K block of the stage waited for it. ncu at stop 53 (H100, DeepSeek-V3
+        // FP4 gate_up, T = 4096): the issuing warp spent two thirds of its samples in that code and the other three
+        // producer warps waited on the stages' empty barriers, the consumers on their full barriers. The row is kept
+        // in shared memory (packed_b_row): one more register spilled the 56-register producers.
+        if (load_kb == 0) {
+          const Tile lt = tile_of(load_t);
+          *packed_b_row = lt.group * p.n + lt.n0;
+        }
         ptx::mbar_arrive_expect_tx(&packed_full[slot], L::kStageRaw);
         ptx::tma_load_2d(smem_packed + slot * L::kStageRaw, &tma_b, &packed_full[slot], load_kb * (kGemmBlockK / 2),
-                         lt.group * p.n + lt.n0);
+                         *packed_b_row);
         ++issued;
         if (++load_kb == num_kb) {
           load_kb = 0;
