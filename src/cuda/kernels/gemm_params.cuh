@@ -230,10 +230,6 @@ struct LeanFp4B {
   int64_t scale_stride_n = 0, scale_group_stride = 0;
   const int* tile_emax = nullptr;
   int tiles_per_group = 0, blocks = 0;
-  // FINEGEMM_FP4_LEAN_A_PREFETCH=1 (stop 53, off until measured): with each packed tile the issuing thread requests
-  // the same K block's A tile into L2 (cp.async.bulk.prefetch.tensor), as many K blocks ahead as the packed ring runs
-  // (5 batched, 6 serial), so that the stage's A load, issued only once the consumers free the stage, finds it there.
-  int a_prefetch = 0;
 };
 
 // The dense lean kernel's stream-K tail (sm90_fp8_gemm_lean.cuh, kStreamK): tiles [0, dp_tiles) run whole, round

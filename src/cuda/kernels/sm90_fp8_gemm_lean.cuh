@@ -73,7 +73,7 @@ struct LeanGemm {
   using Sched = GroupedScheduler<BLOCK_M, kMaxGroupedLeanExperts>;
   static int grouped_smem_bytes(int num_kb) { return smem_bytes(num_kb) - kStaging + Sched::kSmemBytes; }
   // kFp4B: the packed ring (kRawStages K blocks of 128 rows x 64 bytes) after the staging tiles, then its barriers
-  // (full, empty), the nine fold-table rows and the issuing thread's three words, before the A scales.
+  // (full, empty), the nine fold-table rows and the issuing thread's B row, before the A scales.
   // Seven (four until stop 39; seven fit beside every height's stages: 225 KB at 128 rows, four stages, with the staging
   // tiles). ncu at M = 4096 N = 4096 K = 7168 with four: ~1 µs per K block against the E4M3 lean kernel's 0.43, a
   // fifth of the producers' warp samples at the packed ring's full barrier. Seven did not change the time (458 vs
@@ -83,7 +83,7 @@ struct LeanGemm {
   static constexpr int kRawStages = 7;
   static constexpr int kStageRaw = kLeanBlockN * kGemmBlockK / 2;
   static constexpr int kFp4Extra = kRawStages * kStageRaw + 256;
-  static_assert(2 * kRawStages * 8 + 9 * 8 + 12 <= 256, "the packed ring's barriers, the fold table and the rows fit");
+  static_assert(2 * kRawStages * 8 + 9 * 8 + 4 <= 256, "the packed ring's barriers, the fold table and the B row fit");
 };
 
 
@@ -258,8 +258,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   uint64_t* packed_full = reinterpret_cast<uint64_t*>(smem_packed + L::kRawStages * L::kStageRaw);
   uint64_t* packed_empty = packed_full + L::kRawStages;
   uint2* fold_tab = reinterpret_cast<uint2*>(packed_empty + L::kRawStages);
-  // kFp4B's producers: the B row and the first A row of the tile whose packed K blocks the issuing thread loads, and
-  // that tile (written and read by it alone).
+  // kFp4B: the B row of the tile whose packed K blocks the issuing thread loads (written and read by it alone).
   volatile int* packed_b_row = reinterpret_cast<volatile int*>(fold_tab + 9);
   float* smem_sfb = smem_sfa + S * BLOCK_M;
   const int num_kb = p.k / kGemmBlockK;
@@ -409,14 +408,12 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       }
       // Counts as unsigned: the ring slot and phase by mask and shift.
       uint32_t issued = 0;
-      int load_kb = 0;
-      if (issuer) packed_b_row[2] = static_cast<int>(blockIdx.x);  // the tile of the next packed load
+      int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
       const uint32_t packed_row = ptx::smem_addr(smem_packed) + static_cast<uint32_t>(lean_fp4_packed_row(e));
       const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(e));
       // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile (item
       // issued - R: with kAhead = R - 1 the one being expanded before this one, with R - 2 the one before that).
       auto issue_packed = [&]() {
-        const int load_t = packed_b_row[2];
         if (load_t >= num_tiles) return;
         const uint32_t slot = issued % R;
         if (issued >= R) ptx::mbar_wait(&packed_empty[slot], (issued / R - 1) & 1u);
@@ -424,22 +421,19 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         // search over the experts (eight dependent shared loads at 256 experts) and a division, and the issuing
         // thread expands a row too, so every K block of the stage waited for it. ncu at stop 53 (H100, DeepSeek-V3
         // FP4 gate_up, T = 4096): the issuing warp spent two thirds of its samples in that code and the other three
-        // producer warps waited on the stages' empty barriers, the consumers on their full barriers. The rows and the
-        // tile are kept in shared memory (packed_b_row): more live registers spilled the 56-register producers.
+        // producer warps waited on the stages' empty barriers, the consumers on their full barriers. The row is kept
+        // in shared memory (packed_b_row): one more register spilled the 56-register producers.
         if (load_kb == 0) {
           const Tile lt = tile_of(load_t);
           *packed_b_row = lt.group * p.n + lt.n0;
-          packed_b_row[1] = lt.m0;
         }
         ptx::mbar_arrive_expect_tx(&packed_full[slot], L::kStageRaw);
         ptx::tma_load_2d(smem_packed + slot * L::kStageRaw, &tma_b, &packed_full[slot], load_kb * (kGemmBlockK / 2),
                          *packed_b_row);
-        // LeanFp4B::a_prefetch: the same K block's A tile into L2, as far ahead as the packed ring runs.
-        if (fp4.a_prefetch) ptx::tma_prefetch_l2_2d(&tma_a, load_kb * kGemmBlockK, packed_b_row[1]);
         ++issued;
         if (++load_kb == num_kb) {
           load_kb = 0;
-          packed_b_row[2] = load_t + static_cast<int>(gridDim.x);
+          load_t += static_cast<int>(gridDim.x);
         }
       };
       if (issuer)

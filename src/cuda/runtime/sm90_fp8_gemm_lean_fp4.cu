@@ -93,22 +93,6 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
   lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
-// FINEGEMM_FP4_LEAN_A_PREFETCH (LeanFp4B::a_prefetch): unset or 0 off, 1 on.
-int lean_fp4_a_prefetch() {
-  const char* env = std::getenv("FINEGEMM_FP4_LEAN_A_PREFETCH");
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return 0;
-  if (v == "1") return 1;
-  throw Error("FINEGEMM_FP4_LEAN_A_PREFETCH: expected 0 (off) or 1 (A's tiles into L2 with the packed ring), got '" +
-              v + "'");
-}
-
-LeanFp4B with_a_prefetch(const LeanFp4B& fp4) {
-  LeanFp4B f = fp4;
-  f.a_prefetch = lean_fp4_a_prefetch();
-  return f;
-}
-
 }  // namespace
 
 bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups, int device) {
@@ -133,8 +117,7 @@ bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups,
 }
 
 void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& view,
-                               const LeanFp4B& fp4_in, int device, cudaStream_t stream) {
-  const LeanFp4B fp4 = with_a_prefetch(fp4_in);
+                               const LeanFp4B& fp4, int device, cudaStream_t stream) {
   auto launch = [&](auto a_scale) {
     constexpr bool kA = decltype(a_scale)::value;
     switch (fp4_lean_expand_for(fp4_lean_expand_mode(), 128, false)) {
@@ -149,9 +132,8 @@ void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 }
 
 void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
-                                  const GemmParams& view, const LeanFp4B& fp4_in, int block_m, int device,
+                                  const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
                                   cudaStream_t stream) {
-  const LeanFp4B fp4 = with_a_prefetch(fp4_in);
   const int stages = lean_stages(block_m, view.k / kGemmBlockK);
   // The expansion mode per height: 128 rows any; 192 rows batched when batched or split is asked and the call has A
   // scales (without them the batch spilled: 4 bytes of stores, 52 of loads), else serial (split, two producer
