@@ -737,14 +737,14 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
     EXPECT_EQ(cuda::lean_pair_default(params(128, 7168), mode), mode);
   }
   check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND",
-                    {{"", -1}, {"serial", 0}, {"batched", 1}, {"split", 2}, {"consumers", 3}, {"early", 4}},
+                    {{"", -1}, {"serial", 0}, {"batched", 1}, {"split", 2}, {"consumers", 3}},
                     {"1", "Batched", "ilp", "consumer"}, [] { return cuda::fp4_lean_expand_mode(); });
   // Unset: the consumers at grouped 128-row tiles, the batched producers elsewhere; a set mode wins everywhere.
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 128, true), 3);
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 192, true), 1);
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 256, true), 1);
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 128, false), 1);
-  for (int mode : {0, 1, 2, 3, 4}) {
+  for (int mode : {0, 1, 2, 3}) {
     EXPECT_EQ(cuda::fp4_lean_expand_for(mode, 128, true), mode);
     EXPECT_EQ(cuda::fp4_lean_expand_for(mode, 192, true), mode);
   }

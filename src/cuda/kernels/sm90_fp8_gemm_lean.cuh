@@ -209,10 +209,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   // kFp4B at 128 rows: 56 registers for the expanding producers (at 40 they spilled), 224 for the consumers, whose
   // one 64-row pass needs far fewer (kExpand 1: 64 / 216, kExpand 2: 56 / 200, below); 256-row consumers need their
   // 232 (228 used), so the producers keep 40 there.
-  constexpr bool kBatched = kExpand == 1 || kExpand == 2 || kExpand == 4;
-  // kExpand 4 (FINEGEMM_FP4_LEAN_EXPAND=early, stop 53; grouped 192-row tiles with A scales): batched, with each
-  // producer thread's packed chunks loaded and its packed slot freed before it waits for the stage's empty barrier.
-  constexpr bool kLoadFirst = kExpand == 4;
+  constexpr bool kBatched = kExpand == 1 || kExpand == 2;
   // kExpand 3 (FINEGEMM_FP4_LEAN_EXPAND=consumers, 128-row tiles): the consumer warpgroups expand, one stage ahead of
   // their wgmma (see kConsumerExpand below); the producer warpgroup keeps one TMA thread.
   constexpr bool kConsumerExpand = kExpand == 3;
@@ -462,19 +459,15 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             const int kb = lap * S + s;
-            constexpr bool load_first = kLoadFirst;
-            auto issue_stage = [&]() {
+            ptx::mbar_wait(&empty[s], free_parity);
+            if (kb < num_kb) {
               if (issuer) {
                 ptx::mbar_expect_tx(&full[s], L::kStageA + sfa_bytes);
                 ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
                 if constexpr (kBulkA)
                   ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
-                if constexpr (!load_first) issue_packed();
+                issue_packed();
               }
-            };
-            if (!load_first) ptx::mbar_wait(&empty[s], free_parity);
-            if (kb < num_kb) {
-              if (!load_first) issue_stage();
               const uint32_t w = w_next;
               const int emax = emax_next;
               if (kb + 1 < num_kb) {
@@ -507,25 +500,12 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 // each group's expansion and its two stores.
                 uint2 tab[4];
                 uint32_t in[4][4];
-                if constexpr (!load_first) {
 #pragma unroll
-                  for (int j = 0; j < 4; ++j)
-                    tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
-                }
+                for (int j = 0; j < 4; ++j) tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
 #pragma unroll
                 for (int j = 0; j < 4; ++j) lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in[j]);
-                if constexpr (load_first) {
-                  // The packed slot is read (the arrival releases the loads before it), then the stage is waited for.
-                  ptx::mbar_arrive(&packed_empty[slot]);
-                  ptx::mbar_wait(&empty[s], free_parity);
-                  issue_stage();
-#pragma unroll
-                  for (int j = 0; j < 4; ++j)
-                    tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
-                }
 #pragma unroll
                 for (int j = 0; j < 4; ++j) lean_fp4_expand_store(in[j], tab[j], e4m3_at, j);
-                if (load_first && issuer) issue_packed();  // after the row, whose registers it would have shared
               } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -538,10 +518,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
               }
               ptx::fence_proxy_async_shared();  // the expanded row, written by the generic proxy, for the wgmma
               ptx::mbar_arrive(&full[s]);
-              if (!load_first) ptx::mbar_arrive(&packed_empty[slot]);
+              ptx::mbar_arrive(&packed_empty[slot]);
               ++item;
             } else {
-              if (load_first) ptx::mbar_wait(&empty[s], free_parity);
               ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
             }
           }

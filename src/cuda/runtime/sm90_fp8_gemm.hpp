@@ -228,8 +228,8 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
 // 192 or 256 as given, and for 1 192 where the experts average 96 rows or more, else 128.
 int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group);
 // FINEGEMM_FP4_LEAN_EXPAND: the FP4 lean kernel's expansion: -1 unset (by height, fp4_lean_expand_for), 0 "serial",
-// 1 "batched", 2 "split" (two producer warpgroups), 3 "consumers", 4 "early" (batched, loads before the stage's wait;
-// grouped 192-row tiles with A scales, batched elsewhere). Anything else throws, naming the variable and the value.
+// 1 "batched", 2 "split" (two producer warpgroups), 3 "consumers". Anything else throws, naming the variable and the
+// value.
 int fp4_lean_expand_mode();
 // The expansion a launch takes under fp4_lean_expand_mode() == mode: mode itself where set, else the consumers (3) for
 // grouped 128-row tiles and the batched producers (1) elsewhere.

@@ -120,11 +120,10 @@ void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_
                                const LeanFp4B& fp4, int device, cudaStream_t stream) {
   auto launch = [&](auto a_scale) {
     constexpr bool kA = decltype(a_scale)::value;
-    switch (fp4_lean_expand_for(fp4_lean_expand_mode(), 128, false)) {  // early (4) is grouped 192-row only
+    switch (fp4_lean_expand_for(fp4_lean_expand_mode(), 128, false)) {
       case 3: launch_dense<128, kDenseFp4Stages, kA, 3>(a, lda, b, ldb, view, fp4, device, stream); break;
       case 2: launch_dense<128, kDenseFp4Stages, kA, 2>(a, lda, b, ldb, view, fp4, device, stream); break;
-      case 1:
-      case 4: launch_dense<128, kDenseFp4Stages, kA, 1>(a, lda, b, ldb, view, fp4, device, stream); break;
+      case 1: launch_dense<128, kDenseFp4Stages, kA, 1>(a, lda, b, ldb, view, fp4, device, stream); break;
       default: launch_dense<128, kDenseFp4Stages, kA, 0>(a, lda, b, ldb, view, fp4, device, stream);
     }
   };
@@ -142,17 +141,15 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
   auto launch = [&](auto a_scale, auto expand) {
     constexpr bool kA = decltype(a_scale)::value;
     constexpr int kE = decltype(expand)::value;
-    constexpr int kE192 = kE == 3 ? 3 : kA && kE == 4 ? 4 : kA && kE >= 1 ? 1 : 0;
-    constexpr int kE128 = kE == 4 ? 1 : kE;
+    constexpr int kE192 = kE == 3 ? 3 : kA && kE >= 1 ? 1 : 0;
     if (block_m == 256) launch_grouped<256, 3, kA, 0>(a, lda, b, ldb, layout, view, fp4, device, stream);
     else if (block_m == 192) launch_grouped<192, 4, kA, kE192>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    else if (stages == 5) launch_grouped<128, 5, kA, kE128>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    else launch_grouped<128, 4, kA, kE128>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else if (stages == 5) launch_grouped<128, 5, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else launch_grouped<128, 4, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
   };
   const int mode = fp4_lean_expand_for(fp4_lean_expand_mode(), block_m, true);
   auto with_mode = [&](auto a_scale) {
     switch (mode) {
-      case 4: launch(a_scale, std::integral_constant<int, 4>{}); break;
       case 3: launch(a_scale, std::integral_constant<int, 3>{}); break;
       case 2: launch(a_scale, std::integral_constant<int, 2>{}); break;
       case 1: launch(a_scale, std::integral_constant<int, 1>{}); break;
@@ -195,9 +192,7 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
 // split at 128 rows took the layer to 10530. "consumers" (stop 47; the default at 128-row grouped tiles since stop 49,
 // fp4_lean_expand_for): the consumer warpgroups expand
 // (kExpand 3), each thread of the first two two groups of a row: at 128 rows one stage ahead, while their wgmma run;
-// at 192 two stages ahead, after their promotion (256-row tiles keep the serial producers), 3. "early" (stop 53, off
-// until measured): batched, each producer thread's packed chunks loaded before it waits for the stage's empty barrier
-// (kExpand 4; grouped 192-row tiles with A scales; elsewhere batched), 4.
+// at 192 two stages ahead, after their promotion (256-row tiles keep the serial producers), 3.
 int fp4_lean_expand_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_LEAN_EXPAND");
   const std::string v = env ? env : "";
@@ -206,10 +201,8 @@ int fp4_lean_expand_mode() {
   if (v == "batched") return 1;
   if (v == "split") return 2;
   if (v == "consumers") return 3;
-  if (v == "early") return 4;
-  throw Error(
-      "FINEGEMM_FP4_LEAN_EXPAND: expected serial, batched, split, consumers or early (who expands the FP4 weights), got '" +
-      v + "'");
+  throw Error("FINEGEMM_FP4_LEAN_EXPAND: expected serial, batched, split or consumers (who expands the FP4 weights), got '" +
+              v + "'");
 }
 
 // Unset (-1): the consumers at 128-row grouped tiles (stop 49's default for 64-95 rows per expert, fp4_lean_block_m),
