@@ -589,6 +589,106 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
 // Why the crafted spreads sit where they do: E4M3 holds every E2M1 value · 2^-d for d ≤ 8 (down to its smallest
 // subnormal, 2^-9) and loses some at d = 9. A kernel that folds a block of spread 9 is caught by the ±0.5 and ±1.5
 // codes of that block.
+// The fold scan along the scale rows (fp4_fold_scan_rows_kernel: grouped expansions and the lean kernels' scan-only
+// calls; stop 53 sized its lanes to the row's K blocks and doubled the loads in flight): every 128x128 tile's largest
+// exponent per K block and the two flags, against the values computed here, for K of 2 to 56 blocks (one lane per
+// block up to 32 blocks, then two chunks) with K tails, experts of 300 rows (a 44-row tile), an expert without
+// tokens (not scanned), and row strides with and without 4-byte alignment; then the scan with a CTA per tile and K
+// block (FINEGEMM_FP4_EXPAND_WIDE=0) gives the same exponents. Fresh random exponents per run: most tiles spread over
+// 2^8 (the tile flag), and one expert's scales lie within 2^8 everywhere, so that a tile's exponent comes from rows
+// that differ by less; where the test plants one row block spread over 2^8 the row flag is asserted.
+TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int experts = 3, n = 300, tiles = (n + 127) / 128;
+  for (const int k : {256, 640, 2048, 4064, 4960, 7168}) {
+    for (const bool row_spread : {false, true}) {
+      const int groups = k / 32, blocks = (k + 127) / 128;
+      const int64_t stride_n = row_spread ? groups + 3 : (groups + 3) / 4 * 4;  // unaligned rows in one of the two
+      const int64_t group_stride = stride_n * n + 8;
+      std::vector<uint8_t> scale(static_cast<size_t>(group_stride * experts), 0);
+      std::uniform_int_distribution<int> wide(100, 140), narrow(120, 127);
+      for (int g = 0; g < experts; ++g)
+        for (int r = 0; r < n; ++r)
+          for (int q = 0; q < groups; ++q)
+            scale[g * group_stride + r * stride_n + q] = static_cast<uint8_t>(g == 0 ? narrow(testing::rng()) : wide(testing::rng()));
+      // Expert 0 folds everywhere, but for one row block of its last tile where row_spread plants 2^9.
+      if (row_spread) {
+        scale[0 * group_stride + 290 * stride_n + (groups - 1)] = 110;
+        scale[0 * group_stride + 290 * stride_n + (groups - 1) / 4 * 4] = 127;
+      }
+      // Expert 2 has no tokens: not scanned.
+      const std::vector<int32_t> offsets = {0, 5, 9, 9};
+      DeviceBuffer d_scale(Device{DeviceType::CUDA, 0}, scale.size()), d_offsets(Device{DeviceType::CUDA, 0}, 16);
+      d_scale.copy_from_host(scale.data(), scale.size());
+      d_offsets.copy_from_host(offsets.data(), 16);
+      cuda::GemmParams p;
+      p.n = n;
+      p.k = k;
+      p.b_fp4 = true;
+      p.b_scale = d_scale.data();
+      p.b_scale_fmt = cuda::ScaleFmt::UE8M0;
+      p.b_scale_stride_n = stride_n;
+      p.b_scale_group_stride = group_stride;
+      p.b_block_n = 1;
+      p.b_block_k = 32;
+      int tile_flag = 0;
+      auto scan = [&](std::vector<int>& emax, int& flags) {
+        const long long rows_before = cuda::fp4_scan_rows_launches();
+        cuda::Fp4Expansion fx(nullptr, k / 2, p, experts, static_cast<const int32_t*>(d_offsets.data()), nullptr,
+                              nullptr, cuda::Fp4Expansion::Mode::ScanOnly);
+        ASSERT_TRUE(fx.ready());
+        const cuda::LeanFp4B v = fx.lean_view(p);
+        cuda::GemmParams gated;
+        fx.gate_unfoldable(gated);
+        tile_flag = gated.gate_mask;
+        emax.assign(static_cast<size_t>(experts) * tiles * blocks, -1);
+        ASSERT_EQ(cudaMemcpy(emax.data(), v.tile_emax, emax.size() * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(&flags, gated.gate, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+        const char* wide_env = std::getenv("FINEGEMM_FP4_EXPAND_WIDE");
+        EXPECT_EQ(cuda::fp4_scan_rows_launches() - rows_before, wide_env == nullptr ? 1 : 0);
+      };
+      std::vector<int> emax;
+      int flags = -1;
+      scan(emax, flags);
+      SCOPED_TRACE("K = " + std::to_string(k) + (row_spread ? ", a row block spread over 2^8" : ""));
+      bool tile_wide = false, row_wide = false;
+      for (int g = 0; g < 2; ++g)
+        for (int t = 0; t < tiles; ++t)
+          for (int kb = 0; kb < blocks; ++kb) {
+            int hi = 0, lo = 255;
+            for (int r = 128 * t; r < std::min(n, 128 * t + 128); ++r) {
+              int rh = 0, rl = 255;
+              for (int q = 4 * kb; q < std::min(groups, 4 * kb + 4); ++q) {
+                const int e = scale[g * group_stride + r * stride_n + q];
+                rh = std::max(rh, e);
+                rl = std::min(rl, e);
+              }
+              row_wide = row_wide || rh - rl > 8;
+              hi = std::max(hi, rh);
+              lo = std::min(lo, rl);
+            }
+            tile_wide = tile_wide || hi - lo > 8;
+            ASSERT_EQ(emax[(g * tiles + t) * blocks + kb], hi) << "expert " << g << " tile " << t << " block " << kb;
+          }
+      ASSERT_TRUE(tile_wide) << "self-check: expert 1 spreads over 2^8";
+      ASSERT_EQ(row_wide, row_spread) << "self-check: the planted row block";
+      // The flags word: the tile flag (gate_unfoldable's mask, kFp4TileUnfoldable) and the row flag (kFp4RowUnfoldable,
+      // 2, in fp4_expand_weights.cuh, which a host test cannot include).
+      EXPECT_EQ(flags & tile_flag, tile_flag);
+      EXPECT_EQ((flags & 2) != 0, row_spread);
+      // The expert without tokens was not scanned: its exponents keep whatever the scratch held, so they are not read.
+      // The scan with a CTA per tile and K block: the same exponents and flags.
+      const ScopedEnv narrow_scan("FINEGEMM_FP4_EXPAND_WIDE", "0");
+      std::vector<int> emax0;
+      int flags0 = -1;
+      scan(emax0, flags0);
+      EXPECT_EQ(flags0, flags);
+      for (size_t i = 0; i < static_cast<size_t>(2 * tiles * blocks); ++i)
+        ASSERT_EQ(emax0[i], emax[i]) << "FINEGEMM_FP4_EXPAND_WIDE=0 at " << i;
+    }
+  }
+}
+
 TEST(Fp4Formats, E4M3HoldsE2M1ScaledDownByUpTo8) {
   for (int d = 0; d <= 9; ++d) {
     int inexact = 0;

@@ -198,18 +198,26 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_tiles_kernel(Fp4ScaleView s
   if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
 }
 
-// The expansion kernels' start: the fold table's rows 0-8 into shared memory (threads 0-8), a barrier, and the scan's
-// flags (kFold; 0 without a fold).
 // The scan read along the scale rows (stop 52; the default for grouped expansions and the lean kernels' scan-only calls,
-// FINEGEMM_FP4_EXPAND_WIDE unset): a CTA per 128-row tile, 128 threads. Warp w takes the tile's rows w, w + 4, ...;
-// lane l takes K blocks l, l + 32, ...: a warp's load covers 128 contiguous bytes of one scale row (32 blocks of four
-// groups), where the scans above give each thread a row of its own (a warp's load touches 32 rows, 32 sectors).
-// kFp4ScanRowsUnroll rows at once: that many loads in flight per lane. Each lane keeps its blocks' largest and smallest
-// exponent over the warp's rows and flags a row block that spreads over 8; after a barrier the first warp finishes
-// each block over the four warps. The same outputs as fp4_fold_scan_kernel: tile_emax, tile_scale and the flags.
+// FINEGEMM_FP4_EXPAND_WIDE unset): a CTA per 128-row tile, 128 threads. A row's K blocks go to L lanes (L = 32, or the
+// blocks rounded up to a power of two where fewer: 16 at K = 2048), so a warp's load covers 32 / L rows of 4 · L
+// contiguous bytes each; warp w takes the tile's rows in runs of 32 / L, every fourth run. kFp4ScanRowsUnroll loads at
+// once per lane (stop 53: 16 in place of 8, and the lanes sized to the row; ncu at stop 53, H100, DeepSeek-V3 at T =
+// 4096: 147.7 µs for gate_up's 235 MB of scales and 127.5 for down's 117 MB, a quarter to a half of the copy rate,
+// with half of down's lanes idle at 16 K blocks a row). Each lane keeps its blocks' largest and smallest exponent
+// over its rows and flags a row block that spreads over 8; the lanes of one block fold by shuffles, and after a
+// barrier the first warp finishes each block over the four warps. The same outputs as fp4_fold_scan_kernel:
+// tile_emax, tile_scale and the flags.
 // Under ncu (stop 52, H100, DeepSeek-V3 gate_up experts at T = 16384: 256 x 4096 rows, K = 7168) fp4_fold_scan_kernel
 // took 1.55 ms for 235 MB of scales (a CTA per tile and K block, 458752 CTAs).
-inline constexpr int kFp4ScanRowsUnroll = 8;
+inline constexpr int kFp4ScanRowsUnroll = 16;
+
+// Lanes per scale row in fp4_fold_scan_rows_kernel: the K blocks rounded up to a power of two, at most 32.
+FG_HD int fp4_scan_row_lanes(int blocks) {
+  int lanes = 1;
+  while (lanes < blocks && lanes < 32) lanes *= 2;
+  return lanes;
+}
 
 __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s, int k, int* __restrict__ tile_emax,
                                                                  float* __restrict__ tile_scale,
@@ -222,19 +230,22 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s,
   const int row0 = static_cast<int>(tile - group * tiles_per_group) * 128;
   const int rows = min(128, s.n - row0);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int lanes = fp4_scan_row_lanes(blocks), per_load = 32 / lanes;  // lanes per row, rows per warp load
+  const int sub = lane / lanes, col = lane % lanes;
   const uint8_t* tile_scales = s.scale + group * s.group_stride + static_cast<int64_t>(row0) * s.stride_n;
   // A block's four scales as one 32-bit load where every row start is 4-byte aligned (block-uniform), else bytes.
   const bool words = (reinterpret_cast<uintptr_t>(tile_scales) % 4 == 0) && s.stride_n % 4 == 0;
   bool row_wide = false;
-  for (int kb0 = 0; kb0 < blocks; kb0 += 32) {
-    const int kb = kb0 + lane;
+  for (int kb0 = 0; kb0 < blocks; kb0 += lanes) {
+    const int kb = kb0 + col;
     const int g0 = 4 * kb, count = min(4, groups - g0);  // count <= 0: past K
     int hi = 0, lo = 255;
-    for (int r = warp; r < rows; r += 4 * kFp4ScanRowsUnroll) {
+    // This lane's rows: warp · per_load + sub, then every 4 · per_load rows.
+    for (int r = warp * per_load + sub; r < rows; r += 4 * per_load * kFp4ScanRowsUnroll) {
       uint32_t w[kFp4ScanRowsUnroll];
 #pragma unroll
       for (int u = 0; u < kFp4ScanRowsUnroll; ++u) {
-        const int row = r + 4 * u;
+        const int row = r + 4 * per_load * u;
         const uint8_t* at = tile_scales + static_cast<int64_t>(row) * s.stride_n + g0;
         w[u] = 0;
         if (row < rows && count > 0) {
@@ -247,7 +258,7 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s,
       }
 #pragma unroll
       for (int u = 0; u < kFp4ScanRowsUnroll; ++u) {
-        if (r + 4 * u >= rows || count <= 0) continue;
+        if (r + 4 * per_load * u >= rows || count <= 0) continue;
         int rh = 0, rl = 255;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -261,10 +272,17 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s,
         lo = min(lo, rl);
       }
     }
-    warp_hi[warp][lane] = hi;
-    warp_lo[warp][lane] = lo;
+    // The lanes of one K block (col, col + lanes, ...) fold theirs (identities where a lane had no rows).
+    for (int off = lanes; off < 32; off *= 2) {
+      hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, off));
+      lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, off));
+    }
+    if (sub == 0) {
+      warp_hi[warp][col] = hi;
+      warp_lo[warp][col] = lo;
+    }
     __syncthreads();
-    if (warp == 0 && kb < blocks) {
+    if (warp == 0 && lane < lanes && kb < blocks) {
       const int thi = max(max(warp_hi[0][lane], warp_hi[1][lane]), max(warp_hi[2][lane], warp_hi[3][lane]));
       const int tlo = min(min(warp_lo[0][lane], warp_lo[1][lane]), min(warp_lo[2][lane], warp_lo[3][lane]));
       if (thi - tlo > 8) atomicOr(flags, kFp4TileUnfoldable);
@@ -276,6 +294,8 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s,
   if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
 }
 
+// The expansion kernels' start: the fold table's rows 0-8 into shared memory (threads 0-8), a barrier, and the scan's
+// flags (kFold; 0 without a fold).
 template <bool kFold>
 __device__ __forceinline__ int fp4_expand_prologue(uint2* table, const int* __restrict__ flags) {
   if (threadIdx.x < 9) table[threadIdx.x] = make_uint2(fp4_fold_table_word(threadIdx.x, 0), fp4_fold_table_word(threadIdx.x, 1));
