@@ -594,9 +594,9 @@ void check_exact_every_config(const Target& target, bool gpu, const std::string&
 // exponent per K block and the two flags, against the values computed here, for K of 2 to 56 blocks (one lane per
 // block up to 32 blocks, then two chunks) with K tails, experts of 300 rows (a 44-row tile), an expert without
 // tokens (not scanned), and row strides with and without 4-byte alignment; then the scan with a CTA per tile and K
-// block (FINEGEMM_FP4_EXPAND_WIDE=0) gives the same exponents. Fresh random exponents per run: most tiles spread over
-// 2^8 (the tile flag), and one expert's scales lie within 2^8 everywhere, so that a tile's exponent comes from rows
-// that differ by less; where the test plants one row block spread over 2^8 the row flag is asserted.
+// block (FINEGEMM_FP4_EXPAND_WIDE=0) gives the same exponents. Fresh random exponents per run: one expert's tiles
+// spread over 2^8 (the tile flag) while each of its row blocks folds, another folds everywhere; the row flag is
+// asserted where the test plants one row block spread over 2^8, and asserted clear elsewhere.
 TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const int experts = 3, n = 300, tiles = (n + 127) / 128;
@@ -606,11 +606,15 @@ TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
       const int64_t stride_n = row_spread ? groups + 3 : (groups + 3) / 4 * 4;  // unaligned rows in one of the two
       const int64_t group_stride = stride_n * n + 8;
       std::vector<uint8_t> scale(static_cast<size_t>(group_stride * experts), 0);
-      std::uniform_int_distribution<int> wide(100, 140), narrow(120, 127);
+      // Expert 0's exponents lie in 120..127 everywhere (every tile folds); expert 1's rows each in a band of 8 above
+      // a base of their own in 100..132 (every row block folds, the tiles do not).
+      std::uniform_int_distribution<int> band(0, 7), base(100, 132);
       for (int g = 0; g < experts; ++g)
-        for (int r = 0; r < n; ++r)
+        for (int r = 0; r < n; ++r) {
+          const int row_base = g == 1 ? base(testing::rng()) : 120;
           for (int q = 0; q < groups; ++q)
-            scale[g * group_stride + r * stride_n + q] = static_cast<uint8_t>(g == 0 ? narrow(testing::rng()) : wide(testing::rng()));
+            scale[g * group_stride + r * stride_n + q] = static_cast<uint8_t>(row_base + band(testing::rng()));
+        }
       // Expert 0 folds everywhere, but for one row block of its last tile where row_spread plants 2^9.
       if (row_spread) {
         scale[0 * group_stride + 290 * stride_n + (groups - 1)] = 110;

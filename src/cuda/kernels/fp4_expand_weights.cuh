@@ -202,15 +202,17 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_tiles_kernel(Fp4ScaleView s
 // FINEGEMM_FP4_EXPAND_WIDE unset): a CTA per 128-row tile, 128 threads. A row's K blocks go to L lanes (L = 32, or the
 // blocks rounded up to a power of two where fewer: 16 at K = 2048), so a warp's load covers 32 / L rows of 4 · L
 // contiguous bytes each; warp w takes the tile's rows in runs of 32 / L, every fourth run. kFp4ScanRowsUnroll loads at
-// once per lane (stop 53: 16 in place of 8, and the lanes sized to the row; ncu at stop 53, H100, DeepSeek-V3 at T =
-// 4096: 147.7 µs for gate_up's 235 MB of scales and 127.5 for down's 117 MB, a quarter to a half of the copy rate,
-// with half of down's lanes idle at 16 K blocks a row). Each lane keeps its blocks' largest and smallest exponent
+// once per lane: 8 where L = 32, 16 where fewer (fp4_scan_rows_unroll). Stop 53 sized the lanes to the row (ncu, H100,
+// DeepSeek-V3 FP4 at T = 4096: down's 117 MB of scales, 16 K blocks a row, 127.5 -> 81.2 µs; gate_up's 235 MB,
+// 56 K blocks, 147.7 µs with 8 loads and 164.4 with 16, hence 8 there). Each lane keeps its blocks' largest and smallest exponent
 // over its rows and flags a row block that spreads over 8; the lanes of one block fold by shuffles, and after a
 // barrier the first warp finishes each block over the four warps. The same outputs as fp4_fold_scan_kernel:
 // tile_emax, tile_scale and the flags.
 // Under ncu (stop 52, H100, DeepSeek-V3 gate_up experts at T = 16384: 256 x 4096 rows, K = 7168) fp4_fold_scan_kernel
 // took 1.55 ms for 235 MB of scales (a CTA per tile and K block, 458752 CTAs).
-inline constexpr int kFp4ScanRowsUnroll = 16;
+
+// Loads in flight per lane in fp4_fold_scan_rows_kernel (its template argument) for rows of `blocks` K blocks.
+inline int fp4_scan_rows_unroll(int blocks) { return blocks >= 32 ? 8 : 16; }
 
 // Lanes per scale row in fp4_fold_scan_rows_kernel: the K blocks rounded up to a power of two, at most 32.
 FG_HD int fp4_scan_row_lanes(int blocks) {
@@ -219,6 +221,7 @@ FG_HD int fp4_scan_row_lanes(int blocks) {
   return lanes;
 }
 
+template <int kFp4ScanRowsUnroll>
 __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s, int k, int* __restrict__ tile_emax,
                                                                  float* __restrict__ tile_scale,
                                                                  int* __restrict__ flags) {

@@ -132,8 +132,12 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
     // By default (-1; here: scan-only calls and grouped expansions) the scan along the scale rows
     // (fp4_fold_scan_rows_kernel, stop 52).
     if (wide_mode == -1) {
-      fp4_fold_scan_rows_kernel<<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,
-                                                                                           tile_scale_, flags_);
+      if (fp4_scan_rows_unroll(blocks_) == 8)
+        fp4_fold_scan_rows_kernel<8><<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,
+                                                                                                tile_scale_, flags_);
+      else
+        fp4_fold_scan_rows_kernel<16><<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,
+                                                                                                 tile_scale_, flags_);
       scan_rows_launch_count.fetch_add(1, std::memory_order_relaxed);
       if (scan_only) {
         FG_CUDA_CHECK(cudaGetLastError());
