@@ -604,7 +604,7 @@ TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
     for (const bool row_spread : {false, true}) {
       const int groups = k / 32, blocks = (k + 127) / 128;
       const int64_t stride_n = row_spread ? groups + 3 : (groups + 3) / 4 * 4;  // unaligned rows in one of the two
-      const int64_t group_stride = stride_n * n + 8;
+      const int64_t group_stride = stride_n * n + 16;
       std::vector<uint8_t> scale(static_cast<size_t>(group_stride * experts), 0);
       // Expert 0's exponents lie in 120..127 everywhere (every tile folds); expert 1's rows each in a band of 8 above
       // a base of their own in 100..132 (every row block folds, the tiles do not).
@@ -636,8 +636,8 @@ TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
       p.b_block_n = 1;
       p.b_block_k = 32;
       int tile_flag = 0;
-      auto scan = [&](std::vector<int>& emax, int& flags) {
-        const long long rows_before = cuda::fp4_scan_rows_launches();
+      auto scan = [&](std::vector<int>& emax, int& flags, bool staged = false) {
+        const long long rows_before = cuda::fp4_scan_rows_launches(), staged_before = cuda::fp4_scan_staged_launches();
         cuda::Fp4Expansion fx(nullptr, k / 2, p, experts, static_cast<const int32_t*>(d_offsets.data()), nullptr,
                               nullptr, cuda::Fp4Expansion::Mode::ScanOnly);
         ASSERT_TRUE(fx.ready());
@@ -649,7 +649,8 @@ TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
         ASSERT_EQ(cudaMemcpy(emax.data(), v.tile_emax, emax.size() * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(&flags, gated.gate, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
         const char* wide_env = std::getenv("FINEGEMM_FP4_EXPAND_WIDE");
-        EXPECT_EQ(cuda::fp4_scan_rows_launches() - rows_before, wide_env == nullptr ? 1 : 0);
+        EXPECT_EQ(cuda::fp4_scan_staged_launches() - staged_before, staged ? 1 : 0);
+        EXPECT_EQ(cuda::fp4_scan_rows_launches() - rows_before, wide_env == nullptr && !staged ? 1 : 0);
       };
       std::vector<int> emax;
       int flags = -1;
@@ -681,7 +682,18 @@ TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
       EXPECT_EQ(flags & tile_flag, tile_flag);
       EXPECT_EQ((flags & 2) != 0, row_spread);
       // The expert without tokens was not scanned: its exponents keep whatever the scratch held, so they are not read.
-      // The scan with a CTA per tile and K block: the same exponents and flags.
+      // The staged scan (FINEGEMM_FP4_SCAN_STAGED=1), where the scales allow it (16-byte aligned rows, K a multiple of
+      // 512: K = 2048 and 7168 with the aligned stride), and the scan with a CTA per tile and K block: the same
+      // exponents and flags.
+      {
+        const ScopedEnv staged_scan("FINEGEMM_FP4_SCAN_STAGED", "1");
+        std::vector<int> emax_s;
+        int flags_s = -1;
+        scan(emax_s, flags_s, !row_spread && k % 512 == 0);
+        EXPECT_EQ(flags_s, flags);
+        for (size_t i = 0; i < static_cast<size_t>(2 * tiles * blocks); ++i)
+          ASSERT_EQ(emax_s[i], emax[i]) << "FINEGEMM_FP4_SCAN_STAGED=1 at " << i;
+      }
       const ScopedEnv narrow_scan("FINEGEMM_FP4_EXPAND_WIDE", "0");
       std::vector<int> emax0;
       int flags0 = -1;

@@ -19,6 +19,7 @@ bool expandable(const GemmParams& p) {
 std::atomic<long long> expand_wide_launch_count{0};
 std::atomic<long long> scan_wide_launch_count{0};
 std::atomic<long long> scan_rows_launch_count{0};
+std::atomic<long long> scan_staged_launch_count{0};
 std::atomic<long long> expand_fused_launch_count{0};
 std::atomic<long long> gate_chain_count{0};
 
@@ -46,6 +47,16 @@ int fp4_expand_wide_mode() {
 long long fp4_expand_wide_launches() { return expand_wide_launch_count.load(std::memory_order_relaxed); }
 long long fp4_scan_wide_launches() { return scan_wide_launch_count.load(std::memory_order_relaxed); }
 long long fp4_scan_rows_launches() { return scan_rows_launch_count.load(std::memory_order_relaxed); }
+long long fp4_scan_staged_launches() { return scan_staged_launch_count.load(std::memory_order_relaxed); }
+
+bool fp4_scan_staged_wanted() {
+  const char* env = std::getenv("FINEGEMM_FP4_SCAN_STAGED");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("FINEGEMM_FP4_SCAN_STAGED: expected 0 (the fold scan along the scale rows) or 1 (each tile's scales "
+              "staged in shared memory by one bulk copy), got '" + v + "'");
+}
 long long fp4_expand_fused_launches() { return expand_fused_launch_count.load(std::memory_order_relaxed); }
 long long fp4_gate_chains() { return gate_chain_count.load(std::memory_order_relaxed); }
 void Fp4Expansion::count_gate_chain() { gate_chain_count.fetch_add(1, std::memory_order_relaxed); }
@@ -131,6 +142,30 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
     }
     // By default (-1; here: scan-only calls and grouped expansions) the scan along the scale rows
     // (fp4_fold_scan_rows_kernel, stop 52).
+    // FINEGEMM_FP4_SCAN_STAGED=1 (off until measured): each tile's scales staged by one bulk copy
+    // (fp4_fold_scan_staged_kernel), where the rows are 16-byte aligned and end at a multiple of 16 bytes.
+    const int64_t staged_bytes = (int64_t{127} * p.b_scale_stride_n + p.k / 32 + 15) / 16 * 16;
+    const bool staged = wide_mode == -1 && fp4_scan_staged_wanted() &&
+                        reinterpret_cast<uintptr_t>(p.b_scale) % 16 == 0 && p.b_scale_stride_n % 16 == 0 &&
+                        p.b_scale_group_stride % 16 == 0 && (p.k / 32) % 16 == 0 && p.k % 128 == 0 &&
+                        staged_bytes <= 160 * 1024;
+    if (staged) {
+      static std::atomic<bool> attribute_set{false};
+      if (!attribute_set.exchange(true))
+        FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_fold_scan_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           160 * 1024));
+      fp4_fold_scan_staged_kernel<<<static_cast<unsigned>(groups * tiles_), kFp4ScanStagedThreads,
+                                    static_cast<size_t>(staged_bytes), stream>>>(view, p.k, tile_emax, tile_scale_,
+                                                                                 flags_);
+      scan_staged_launch_count.fetch_add(1, std::memory_order_relaxed);
+      if (scan_only) {
+        FG_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
+      expand(std::true_type{}, tile_emax, row_scale_, flags_);
+      FG_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
     if (wide_mode == -1) {
       if (fp4_scan_rows_unroll(blocks_) == 8)
         fp4_fold_scan_rows_kernel<8><<<static_cast<unsigned>(groups * tiles_), 128, 0, stream>>>(view, p.k, tile_emax,

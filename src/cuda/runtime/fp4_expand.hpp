@@ -97,6 +97,11 @@ int fp4_expand_wide_mode();
 long long fp4_expand_wide_launches();
 long long fp4_scan_wide_launches();
 long long fp4_scan_rows_launches();
+// FINEGEMM_FP4_SCAN_STAGED=1 (stop 53, off until measured): the fold scan with each tile's scales staged in shared
+// memory by one bulk copy (fp4_fold_scan_staged_kernel) where the scales allow it (16-byte aligned rows, K a multiple
+// of 512), in place of the scan along the scale rows; counted by fp4_scan_staged_launches. Anything but 0 / 1 throws.
+bool fp4_scan_staged_wanted();
+long long fp4_scan_staged_launches();
 long long fp4_expand_fused_launches();
 // FINEGEMM_FP4_GATE_PDL=1: the dense FP4 prefill's gated launches chained programmatically (Fp4Expansion::launch_e4m3);
 // off by default until measured. fp4_gate_chains() counts the chained calls (tests).
