@@ -652,9 +652,15 @@ TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
         EXPECT_EQ(cuda::fp4_scan_staged_launches() - staged_before, staged ? 1 : 0);
         EXPECT_EQ(cuda::fp4_scan_rows_launches() - rows_before, wide_env == nullptr && !staged ? 1 : 0);
       };
+      // Where the scales allow the staged scan (16-byte aligned rows, K a multiple of 512), it runs by default from 32 K
+      // blocks (K = 7168) and with FINEGEMM_FP4_SCAN_STAGED=1 at any length (K = 2048 too).
+      const bool stageable = !row_spread && k % 512 == 0;
       std::vector<int> emax;
       int flags = -1;
-      scan(emax, flags);
+      {
+        const ScopedEnv rows_scan("FINEGEMM_FP4_SCAN_STAGED", "0");
+        scan(emax, flags);
+      }
       SCOPED_TRACE("K = " + std::to_string(k) + (row_spread ? ", a row block spread over 2^8" : ""));
       bool tile_wide = false, row_wide = false;
       for (int g = 0; g < 2; ++g)
@@ -685,14 +691,14 @@ TEST(Fp4Scan, RowsScanGivesEachTilesLargestExponent) {
       // The staged scan (FINEGEMM_FP4_SCAN_STAGED=1), where the scales allow it (16-byte aligned rows, K a multiple of
       // 512: K = 2048 and 7168 with the aligned stride), and the scan with a CTA per tile and K block: the same
       // exponents and flags.
-      {
-        const ScopedEnv staged_scan("FINEGEMM_FP4_SCAN_STAGED", "1");
+      for (const char* staged_mode : {"", "1"}) {
+        const ScopedEnv staged_scan("FINEGEMM_FP4_SCAN_STAGED", staged_mode);
         std::vector<int> emax_s;
         int flags_s = -1;
-        scan(emax_s, flags_s, !row_spread && k % 512 == 0);
+        scan(emax_s, flags_s, stageable && (*staged_mode != '\0' || blocks >= 32));
         EXPECT_EQ(flags_s, flags);
         for (size_t i = 0; i < static_cast<size_t>(2 * tiles * blocks); ++i)
-          ASSERT_EQ(emax_s[i], emax[i]) << "FINEGEMM_FP4_SCAN_STAGED=1 at " << i;
+          ASSERT_EQ(emax_s[i], emax[i]) << "FINEGEMM_FP4_SCAN_STAGED='" << staged_mode << "' at " << i;
       }
       const ScopedEnv narrow_scan("FINEGEMM_FP4_EXPAND_WIDE", "0");
       std::vector<int> emax0;

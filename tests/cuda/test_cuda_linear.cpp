@@ -750,8 +750,14 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
   }
   check_switch<bool>("FINEGEMM_FP4_EXPAND_LEAN", {{"", true}, {"0", false}, {"1", true}}, {"2", "lean"},
                      [] { return cuda::fp4_expand_lean_wanted(); });
-  check_switch<bool>("FINEGEMM_FP4_SCAN_STAGED", {{"", false}, {"0", false}, {"1", true}}, {"2", "on"},
-                     [] { return cuda::fp4_scan_staged_wanted(); });
+  check_switch<int>("FINEGEMM_FP4_SCAN_STAGED", {{"", -1}, {"0", 0}, {"1", 1}}, {"2", "on"},
+                    [] { return cuda::fp4_scan_staged_mode(); });
+  // Unset: staged from 32 K blocks per row; 1 at any length; 0 never.
+  EXPECT_TRUE(cuda::fp4_scan_staged_for(-1, 56));
+  EXPECT_TRUE(cuda::fp4_scan_staged_for(-1, 32));
+  EXPECT_FALSE(cuda::fp4_scan_staged_for(-1, 16));
+  EXPECT_TRUE(cuda::fp4_scan_staged_for(1, 16));
+  EXPECT_FALSE(cuda::fp4_scan_staged_for(0, 56));
   check_switch<int>("FINEGEMM_GEMM_LEAN_SFB_WARP", {{"", -1}, {"0", 0}, {"1", 1}}, {"2", "on", "yes"},
                     [] { return cuda::lean_sfb_warp_mode(); });
   // Its shape rule at the edges: K <= 1536 at any M, K <= 2048 from M = 2048; a set switch wins everywhere.

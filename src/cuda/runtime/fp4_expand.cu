@@ -49,14 +49,17 @@ long long fp4_scan_wide_launches() { return scan_wide_launch_count.load(std::mem
 long long fp4_scan_rows_launches() { return scan_rows_launch_count.load(std::memory_order_relaxed); }
 long long fp4_scan_staged_launches() { return scan_staged_launch_count.load(std::memory_order_relaxed); }
 
-bool fp4_scan_staged_wanted() {
+int fp4_scan_staged_mode() {
   const char* env = std::getenv("FINEGEMM_FP4_SCAN_STAGED");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "0") return false;
-  if (v == "1") return true;
+  if (v.empty()) return -1;
+  if (v == "0") return 0;
+  if (v == "1") return 1;
   throw Error("FINEGEMM_FP4_SCAN_STAGED: expected 0 (the fold scan along the scale rows) or 1 (each tile's scales "
               "staged in shared memory by one bulk copy), got '" + v + "'");
 }
+
+bool fp4_scan_staged_for(int mode, int blocks) { return mode == 1 || (mode == -1 && blocks >= 32); }
 long long fp4_expand_fused_launches() { return expand_fused_launch_count.load(std::memory_order_relaxed); }
 long long fp4_gate_chains() { return gate_chain_count.load(std::memory_order_relaxed); }
 void Fp4Expansion::count_gate_chain() { gate_chain_count.fetch_add(1, std::memory_order_relaxed); }
@@ -142,10 +145,10 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
     }
     // By default (-1; here: scan-only calls and grouped expansions) the scan along the scale rows
     // (fp4_fold_scan_rows_kernel, stop 52).
-    // FINEGEMM_FP4_SCAN_STAGED=1 (off until measured): each tile's scales staged by one bulk copy
-    // (fp4_fold_scan_staged_kernel), where the rows are 16-byte aligned and end at a multiple of 16 bytes.
+    // Each tile's scales staged by one bulk copy (fp4_fold_scan_staged_kernel), where the rows are 16-byte aligned
+    // and end at a multiple of 16 bytes: by default for rows of 32 K blocks or more (fp4_scan_staged_for).
     const int64_t staged_bytes = (int64_t{127} * p.b_scale_stride_n + p.k / 32 + 15) / 16 * 16;
-    const bool staged = wide_mode == -1 && fp4_scan_staged_wanted() &&
+    const bool staged = wide_mode == -1 && fp4_scan_staged_for(fp4_scan_staged_mode(), blocks_) &&
                         reinterpret_cast<uintptr_t>(p.b_scale) % 16 == 0 && p.b_scale_stride_n % 16 == 0 &&
                         p.b_scale_group_stride % 16 == 0 && (p.k / 32) % 16 == 0 && p.k % 128 == 0 &&
                         staged_bytes <= 160 * 1024;

@@ -97,10 +97,13 @@ int fp4_expand_wide_mode();
 long long fp4_expand_wide_launches();
 long long fp4_scan_wide_launches();
 long long fp4_scan_rows_launches();
-// FINEGEMM_FP4_SCAN_STAGED=1 (stop 53, off until measured): the fold scan with each tile's scales staged in shared
-// memory by one bulk copy (fp4_fold_scan_staged_kernel) where the scales allow it (16-byte aligned rows, K a multiple
-// of 512), in place of the scan along the scale rows; counted by fp4_scan_staged_launches. Anything but 0 / 1 throws.
-bool fp4_scan_staged_wanted();
+// FINEGEMM_FP4_SCAN_STAGED (stop 53): the fold scan with each tile's scales staged in shared memory by one bulk copy
+// (fp4_fold_scan_staged_kernel) where the scales allow it (16-byte aligned rows, K a multiple of 512), in place of
+// the scan along the scale rows; counted by fp4_scan_staged_launches. Unset (-1): for rows of 32 K blocks or more
+// (H100 ncu, DeepSeek-V3 FP4 at T = 4096: gate_up, 56 blocks, 159.4 -> 114.2 µs; down, 16 blocks, 81.0 -> 102.1, so
+// not there); 0 never; 1 wherever allowed. Anything else throws.
+int fp4_scan_staged_mode();
+bool fp4_scan_staged_for(int mode, int blocks);
 long long fp4_scan_staged_launches();
 long long fp4_expand_fused_launches();
 // FINEGEMM_FP4_GATE_PDL=1: the dense FP4 prefill's gated launches chained programmatically (Fp4Expansion::launch_e4m3);
