@@ -168,7 +168,9 @@ int fp4_lean_block_m(bool grouped, int64_t expected_rows_per_group) {
   // 11618 -> 8737): at 128 rows below 96 rows per expert (with the consumers' expansion, fp4_lean_expand_for), at 192
   // rows from 96. Stop 49 (H200, event-timed, the layer checked against the CPU reference): T = 2048 7412 µs at 192
   // rows batched, 6417 at 128 rows with the consumers, 7263 at 192 with the consumers; T = 4096 8273 / 9433 / 8396
-  // (stop 47 on an H100: 7403 / 6456 at T = 2048, 8490 / 9594 at 4096). From 256 rows per expert the expansion's cost
+  // (stop 47 on an H100: 7403 / 6456 at T = 2048, 8490 / 9594 at 4096). Stop 53 (H100, with the issuing thread's B
+  // row once per tile): T = 4096 6045-6128 µs at 192 rows batched, 7995-8013 at 128 rows with the consumers,
+  // 8109-8152 at 192 with the consumers (FP8 5332-5337). From 256 rows per expert the expansion's cost
   // is shared by more rows and the lean kernel is expected to lose: not measured there. Dense FP4 prefill keeps the
   // expanded path (M = 4096 N = 4096 K = 7168, H200 stop 49: 197.9 µs expanded, 353.3 lean with the consumers).
   if (v.empty()) {
