@@ -8,6 +8,7 @@
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
 #include "cuda/runtime/check.hpp"
 #include "cuda/runtime/fp4_expand.hpp"
+#include "cuda/runtime/gemm_launch.cuh"
 
 namespace finegemm::cuda {
 namespace {
@@ -153,10 +154,11 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
                         p.b_scale_group_stride % 16 == 0 && (p.k / 32) % 16 == 0 && p.k % 128 == 0 &&
                         staged_bytes <= 160 * 1024;
     if (staged) {
-      static std::atomic<bool> attribute_set{false};
-      if (!attribute_set.exchange(true))
-        FG_CUDA_CHECK(cudaFuncSetAttribute(fp4_fold_scan_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           160 * 1024));
+      // The attribute is the device's: set once per device (a process may drive several, as the EP layer does).
+      static std::atomic<bool> attribute_set[kMaxDevices] = {};
+      int device = 0;
+      FG_CUDA_CHECK(cudaGetDevice(&device));
+      allow_max_smem_once(fp4_fold_scan_staged_kernel, attribute_set, device);
       fp4_fold_scan_staged_kernel<<<static_cast<unsigned>(groups * tiles_), kFp4ScanStagedThreads,
                                     static_cast<size_t>(staged_bytes), stream>>>(view, p.k, tile_emax, tile_scale_,
                                                                                  flags_);
