@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_kernel(Fp4ScaleView s, int 
 
 // The chunked scans' reductions (fp4_fold_scan_wide_kernel, fp4_fold_scan_tiles_kernel; 128 threads, a row each):
 // fp4_scan_publish puts the warp's largest and smallest exponent of block slot i into shared memory (lane 0);
-// fp4_scan_finish, after a barrier, has thread i < count finish slot i over the four warps: the tile flag, and the
-// tile's emax and scale at index out0 + i.
+// fp4_scan_finish, after a barrier, has thread i < count finish slot i over the kWarps warps (four, or the staged
+// scan's eight): the tile flag, and the tile's emax and scale at index out0 + i.
 template <int kSlots>
 __device__ __forceinline__ void fp4_scan_publish(int hi, int lo, int i, int (*warp_hi)[kSlots], int (*warp_lo)[kSlots]) {
   hi = static_cast<int>(__reduce_max_sync(0xFFFFFFFFu, static_cast<unsigned>(hi)));
@@ -95,14 +95,15 @@ __device__ __forceinline__ void fp4_scan_publish(int hi, int lo, int i, int (*wa
     warp_lo[threadIdx.x / 32][i] = lo;
   }
 }
-template <int kSlots>
+template <int kSlots, int kWarps = 4>
 __device__ __forceinline__ void fp4_scan_finish(int count, const int (*warp_hi)[kSlots], const int (*warp_lo)[kSlots],
                                                 int64_t out0, int* __restrict__ tile_emax,
                                                 float* __restrict__ tile_scale, int* __restrict__ flags) {
   if (static_cast<int>(threadIdx.x) < count) {
     const int i = threadIdx.x;
-    const int hi = max(max(warp_hi[0][i], warp_hi[1][i]), max(warp_hi[2][i], warp_hi[3][i]));
-    const int lo = min(min(warp_lo[0][i], warp_lo[1][i]), min(warp_lo[2][i], warp_lo[3][i]));
+    int hi = warp_hi[0][i], lo = warp_lo[0][i];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) hi = max(hi, warp_hi[w][i]), lo = min(lo, warp_lo[w][i]);
     if (hi - lo > 8) atomicOr(flags, kFp4TileUnfoldable);
     tile_emax[out0 + i] = hi;
     tile_scale[out0 + i] = fmt::ue8m0_to_float(static_cast<uint8_t>(hi));
@@ -212,6 +213,22 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_tiles_kernel(Fp4ScaleView s
 // Under ncu (stop 52, H100, DeepSeek-V3 gate_up experts at T = 16384: 256 x 4096 rows, K = 7168) fp4_fold_scan_kernel
 // took 1.55 ms for 235 MB of scales (a CTA per tile and K block, 458752 CTAs).
 
+// One row's scale word of a K block (byte j: group j, the first `count` valid) into a lane's running largest and
+// smallest exponent, and the row flag where the row's own groups spread over 2^8 (the rows and staged scans).
+__device__ __forceinline__ void fp4_scan_row_word(uint32_t w, int count, int& hi, int& lo, bool& row_wide) {
+  int rh = 0, rl = 255;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j >= count) break;
+    const int e = static_cast<int>((w >> (8 * j)) & 0xFFu);
+    rh = max(rh, e);
+    rl = min(rl, e);
+  }
+  row_wide = row_wide || rh - rl > 8;
+  hi = max(hi, rh);
+  lo = min(lo, rl);
+}
+
 // Loads in flight per lane in fp4_fold_scan_rows_kernel (its template argument) for rows of `blocks` K blocks.
 inline int fp4_scan_rows_unroll(int blocks) { return blocks >= 32 ? 8 : 16; }
 
@@ -263,17 +280,7 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s,
 #pragma unroll
       for (int u = 0; u < kFp4ScanRowsUnroll; ++u) {
         if (r + 4 * per_load * u >= rows || count <= 0) continue;
-        int rh = 0, rl = 255;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (j >= count) break;
-          const int e = static_cast<int>((w[u] >> (8 * j)) & 0xFFu);
-          rh = max(rh, e);
-          rl = min(rl, e);
-        }
-        row_wide = row_wide || rh - rl > 8;
-        hi = max(hi, rh);
-        lo = min(lo, rl);
+        fp4_scan_row_word(w[u], count, hi, lo, row_wide);
       }
     }
     // The lanes of one K block (col, col + lanes, ...) fold theirs (identities where a lane had no rows).
@@ -286,13 +293,7 @@ __global__ void __launch_bounds__(128) fp4_fold_scan_rows_kernel(Fp4ScaleView s,
       warp_lo[warp][col] = lo;
     }
     __syncthreads();
-    if (warp == 0 && lane < lanes && kb < blocks) {
-      const int thi = max(max(warp_hi[0][lane], warp_hi[1][lane]), max(warp_hi[2][lane], warp_hi[3][lane]));
-      const int tlo = min(min(warp_lo[0][lane], warp_lo[1][lane]), min(warp_lo[2][lane], warp_lo[3][lane]));
-      if (thi - tlo > 8) atomicOr(flags, kFp4TileUnfoldable);
-      tile_emax[tile * blocks + kb] = thi;
-      tile_scale[tile * blocks + kb] = fmt::ue8m0_to_float(static_cast<uint8_t>(thi));
-    }
+    fp4_scan_finish(min(lanes, blocks - kb0), warp_hi, warp_lo, tile * blocks + kb0, tile_emax, tile_scale, flags);
     __syncthreads();  // the chunk's shared values read before the next chunk writes them
   }
   if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
@@ -336,35 +337,16 @@ __global__ void __launch_bounds__(kFp4ScanStagedThreads) fp4_fold_scan_staged_ke
   for (int kb0 = 0; kb0 < blocks; kb0 += 32) {
     const int kb = kb0 + lane;
     const int count = kb < blocks ? min(4, groups - 4 * kb) : 0;
-    const uint32_t mask = count >= 4 ? 0xFFFFFFFFu : (1u << (8 * max(count, 0))) - 1u;
     int hi = 0, lo = 255;
     if (count > 0) {
-      for (int r = warp; r < rows; r += 8) {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(staged + static_cast<int64_t>(r) * s.stride_n + 4 * kb) & mask;
-        int rh = 0, rl = 255;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (j >= count) break;
-          const int e = static_cast<int>((w >> (8 * j)) & 0xFFu);
-          rh = max(rh, e);
-          rl = min(rl, e);
-        }
-        row_wide = row_wide || rh - rl > 8;
-        hi = max(hi, rh);
-        lo = min(lo, rl);
-      }
+      for (int r = warp; r < rows; r += 8)
+        fp4_scan_row_word(*reinterpret_cast<const uint32_t*>(staged + static_cast<int64_t>(r) * s.stride_n + 4 * kb),
+                          count, hi, lo, row_wide);
     }
     warp_hi[warp][lane] = hi;
     warp_lo[warp][lane] = lo;
     __syncthreads();
-    if (warp == 0 && kb < blocks) {
-      int thi = 0, tlo = 255;
-#pragma unroll
-      for (int w8 = 0; w8 < 8; ++w8) thi = max(thi, warp_hi[w8][lane]), tlo = min(tlo, warp_lo[w8][lane]);
-      if (thi - tlo > 8) atomicOr(flags, kFp4TileUnfoldable);
-      tile_emax[tile * blocks + kb] = thi;
-      tile_scale[tile * blocks + kb] = fmt::ue8m0_to_float(static_cast<uint8_t>(thi));
-    }
+    fp4_scan_finish<32, 8>(min(32, blocks - kb0), warp_hi, warp_lo, tile * blocks + kb0, tile_emax, tile_scale, flags);
     __syncthreads();  // the chunk's shared values read before the next chunk writes them
   }
   if (row_wide) atomicOr(flags, kFp4RowUnfoldable);
