@@ -191,12 +191,16 @@ inline int num_sms_of_device(int device) {
   return sms;
 }
 
-// The shared-memory attribute of a lean kernel: the opt-in maximum, once per device (launches pass what their K needs).
+// The shared-memory attribute of a kernel with dynamic shared memory: the opt-in maximum less the kernel's static
+// shared memory (asking for more is an invalid argument), once per device (launches pass what their K needs).
 template <typename Kernel>
 inline void allow_max_smem_once(Kernel kernel, std::atomic<bool> (&attribute_set)[kMaxDevices], int device) {
   if (device >= kMaxDevices || !attribute_set[device].load(std::memory_order_acquire)) {
     int max_smem = 0;
     FG_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attributes{};
+    FG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    max_smem -= static_cast<int>(attributes.sharedSizeBytes);
     FG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
     if (device < kMaxDevices) attribute_set[device].store(true, std::memory_order_release);
   }
