@@ -225,11 +225,34 @@ struct GemmParams {
 // The FP4 weights' view the lean kernels with FP4 weights (sm90_fp8_gemm_lean.cuh, kFp4B) read beside GemmParams (whose B scales are the scan's tile scales):
 // the original UE8M0 bytes (expert g's row r, group q at scale + g · group_stride + r · stride_n + q; rows and experts
 // 4-byte aligned), and the scan's largest exponent per 128x128 tile ([experts · tiles_per_group, blocks]).
+// The FP4 lean kernel's ring trace (FINEGEMM_FP4_LEAN_TRACE_FILE, diagnostics; the kRingTrace build of the grouped
+// 192-row kernel): per CTA and K block item (the CTA's K blocks in order, pad stages not counted), clock64 at
+// stamps kRingStamp*. Every stamp is taken by one thread: producer thread 0 (which also issues the TMA loads), the
+// producer warpgroup's last thread, consumer thread 0 (warpgroup 0, never idle) and warpgroup 2's thread 0.
+inline constexpr int kLeanRingItems = 160;
+inline constexpr int kLeanRingStamps = 10;
+enum LeanRingStamp : int {
+  kRingP0EmptyWait = 0,   // producer 0: before the stage's empty wait
+  kRingP0Free = 1,        // producer 0: the stage is free (after the wait)
+  kRingP0Issued = 2,      // producer 0: A's TMA and the next packed tile issued
+  kRingP0Packed = 3,      // producer 0: its packed tile has landed (after the wait)
+  kRingP0Arrive = 4,      // producer 0: its row expanded, before its full arrival
+  kRingPLastArrive = 5,   // the last producer thread, before its full arrival
+  kRingC0FullWait = 6,    // consumer 0: before the stage's full wait
+  kRingC0Full = 7,        // consumer 0: the stage is full
+  kRingC0Release = 8,     // consumer 0: its wgmma done, the stage released
+  kRingC2Full = 9,        // warpgroup 2's thread 0: the stage is full (idle or not)
+};
+struct LeanRingStamps {
+  unsigned long long t[kLeanRingStamps];
+};
+
 struct LeanFp4B {
   const uint8_t* scale = nullptr;
   int64_t scale_stride_n = 0, scale_group_stride = 0;
   const int* tile_emax = nullptr;
   int tiles_per_group = 0, blocks = 0;
+  LeanRingStamps* ring_trace = nullptr;  // the kRingTrace build only
 };
 
 // The dense lean kernel's stream-K tail (sm90_fp8_gemm_lean.cuh, kStreamK): tiles [0, dp_tiles) run whole, round

@@ -125,6 +125,14 @@ __device__ __forceinline__ void lean_trace_stamp(LeanTrace* trace, int n, int wh
   e.stamp[which][0] = g;
   e.stamp[which][1] = static_cast<unsigned long long>(clock64());
 }
+// kRingTrace (FINEGEMM_FP4_LEAN_TRACE_FILE): stamp `which` (LeanRingStamp) of this CTA's K block item `item`.
+template <bool kOn>
+__device__ __forceinline__ void lean_ring_stamp(LeanRingStamps* trace, uint32_t item, int which) {
+  if constexpr (kOn) {
+    if (item < static_cast<uint32_t>(kLeanRingItems))
+      trace[blockIdx.x * kLeanRingItems + item].t[which] = static_cast<unsigned long long>(clock64());
+  }
+}
 struct LeanStreamWalk {
   int num_tiles, num_kb, dp_tiles;
   int next_dp;
@@ -197,7 +205,8 @@ struct LeanStreamWalk {
 // elsewhere the whole CTA leaves at once, as the kFp4B kernels do. FINEGEMM_FP4_EXPAND_LEAN=1 sends the expanded FP4
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
-          bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false, bool kStreamK = false>
+          bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false, bool kStreamK = false,
+          bool kRingTrace = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -240,6 +249,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(!kSfbWarp || (!kGrouped && !kFp4B), "kSfbWarp: the dense E4M3 lean kernel");
   static_assert(!kStreamK || (!kGrouped && !kFp4B && !kPair && !kGated && !kSfbWarp),
                 "kStreamK: the dense E4M3 lean kernel, unpaired, ungated, the consumers loading the B scales");
+  static_assert(!kRingTrace || (kFp4B && !kConsumerExpand && kProducerWGs == 1 && L::kWGs == 3),
+                "kRingTrace: the 192-row FP4 lean kernel with one expanding producer warpgroup");
+  LeanRingStamps* const ring = kRingTrace ? fp4.ring_trace : nullptr;
   if constexpr (kFp4B || kGated || kGrouped) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves. The
     // grouped E4M3 kernel reads the gate where it is given (the MoE's FP4 experts expanded, stop 52).
@@ -459,8 +471,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             const int kb = lap * S + s;
+            if (issuer && kb < num_kb) lean_ring_stamp<kRingTrace>(ring, item, kRingP0EmptyWait);
             ptx::mbar_wait(&empty[s], free_parity);
             if (kb < num_kb) {
+              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Free);
               if (issuer) {
                 ptx::mbar_expect_tx(&full[s], L::kStageA + sfa_bytes);
                 ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
@@ -475,7 +489,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 emax_next = __ldg(fp4.tile_emax + (e_off + kb + 1));
               }
               const uint32_t slot = item % R;
+              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Issued);
               ptx::mbar_wait(&packed_full[slot], (item / R) & 1u);
+              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Packed);
               // Shared addresses of this row's chunks: the row's term plus the slot's and stage's bases, each chunk one
               // XOR on (lean_fp4_packed_row, lean_fp4_e4m3_row). Opaque to ptxas: with the chunk offsets in sight it
               // kept all twelve per row in registers across the loop and spilled the 40-register producer.
@@ -517,6 +533,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 }
               }
               ptx::fence_proxy_async_shared();  // the expanded row, written by the generic proxy, for the wgmma
+              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Arrive);
+              if (kRingTrace && e_all == 127) lean_ring_stamp<kRingTrace>(ring, item, kRingPLastArrive);
               ptx::mbar_arrive(&full[s]);
               ptx::mbar_arrive(&packed_empty[slot]);
               ++item;
@@ -740,6 +758,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   LeanStreamWalk walk(num_tiles, num_kb, sk.dp_tiles);
   LeanItem item{first_tile(), 0, num_kb};
   int item_n = -1;  // kStreamK's trace: this CTA's items so far
+  uint32_t ring_item = 0;  // kRingTrace: this thread's K blocks so far (pad stages not counted)
   LeanTrace* const trace = kStreamK && threadIdx.x == 0 ? sk.trace : nullptr;
   for (bool more = kStreamK ? walk.next(item) : item.t < num_tiles; more;
        more = kStreamK ? walk.next(item) : (item.t += tile_stride()) < num_tiles) {
@@ -778,6 +797,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             ptx::mbar_wait(&full[s], parity);
+            if (kRingTrace && lap * S + s < num_kb) {
+              if (threadIdx.x == 256) lean_ring_stamp<kRingTrace>(ring, ring_item, kRingC2Full);
+              ++ring_item;
+            }
             ptx::mbar_arrive(&empty[s]);
             expand_next();
           }
@@ -808,6 +831,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     // K block kb in stage s: wait; per half, the four k32 steps from zero and the promotion into that half's total;
     // the release after the last half's wgmma.
     auto k_block = [&](int s, int kb, uint32_t parity) {
+      if (threadIdx.x == 0) lean_ring_stamp<kRingTrace>(ring, ring_item, kRingC0FullWait);
       const float sb = sfb[kb];
       float a_cur[2 * L::kHalves];
       if constexpr (kAScale && kGrouped) {
@@ -816,6 +840,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         if (kb + 1 < num_kb) load_a_scales(kb + 1);
       }
       ptx::mbar_wait(&full[s], parity);
+      if (threadIdx.x == 0) lean_ring_stamp<kRingTrace>(ring, ring_item, kRingC0Full);
+      if (threadIdx.x == 256) lean_ring_stamp<kRingTrace>(ring, ring_item, kRingC2Full);
       const float* sa = smem_sfa + s * BLOCK_M;
 #pragma unroll
       for (int half = 0; half < L::kHalves; ++half) {
@@ -843,6 +869,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc);
         if (half == L::kHalves - 1) release(s);
+        if (half == L::kHalves - 1 && threadIdx.x == 0) lean_ring_stamp<kRingTrace>(ring, ring_item, kRingC0Release);
         float* tot = total + 64 * half;
 #pragma unroll
         for (int c = 0; c < kLeanBlockN / 8; ++c) {
@@ -853,6 +880,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         }
       }
       if (kXAhead == 2) expand_next();  // kConsumerExpand at 192 rows: the stage after next, the accumulators free
+      if constexpr (kRingTrace) ++ring_item;
     };
     const int item_laps = kStreamK ? (kb1 - kb0 + S - 1) / S : laps;
     for (int lap = 0; lap < item_laps; ++lap, ++lap_count) {
@@ -1097,12 +1125,14 @@ __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1
                                                                   fp4);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0>
+// kRingTrace: the diagnostic build that stamps its ring (LeanFp4B::ring_trace; FINEGEMM_FP4_LEAN_TRACE_FILE).
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false>
 __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1)
     sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
                                  const LeanFp4B fp4) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand, false, false, false, false, false, kRingTrace>(
+      tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

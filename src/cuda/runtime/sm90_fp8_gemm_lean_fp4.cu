@@ -3,8 +3,10 @@
 // the E4M3 lean ones.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "cuda/kernels/sm90_fp8_gemm_lean.cuh"
 #include "cuda/runtime/gemm_launch.cuh"
@@ -71,6 +73,51 @@ void launch_dense(const void* a, int64_t lda, const void* b, int64_t ldb, const 
   lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
+// FINEGEMM_FP4_LEAN_TRACE_FILE (diagnostics): launch number FINEGEMM_FP4_LEAN_TRACE_CALL (default 4) of the
+// process's uncaptured grouped 192-row batched launches with A scales runs the kRingTrace build, which stamps each
+// CTA's first kLeanRingItems K blocks (LeanRingStamps), and appends the stamps to the file (the stream is
+// synchronised: a traced run times nothing). scripts/fp4-lean-ring summarises them.
+LeanRingStamps* ring_trace_begin(int grid, cudaStream_t stream) {
+  const char* file = std::getenv("FINEGEMM_FP4_LEAN_TRACE_FILE");
+  if (file == nullptr || *file == 0) return nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  static int calls = 0;
+  const char* which = std::getenv("FINEGEMM_FP4_LEAN_TRACE_CALL");
+  if (calls++ != (which && *which ? std::atoi(which) : 4)) return nullptr;
+  static LeanRingStamps* buf = nullptr;
+  static int buf_grid = 0;
+  if (buf_grid < grid) {
+    if (buf) FG_CUDA_CHECK(cudaFree(buf));
+    FG_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(LeanRingStamps) * kLeanRingItems * grid));
+    buf_grid = grid;
+  }
+  FG_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, sizeof(LeanRingStamps) * kLeanRingItems * grid, stream));
+  return buf;
+}
+
+// One line per stamped item: cta item, then the kLeanRingStamps clock64 values (-1 where not stamped).
+void ring_trace_end(LeanRingStamps* ring, const GemmParams& p, int grid, cudaStream_t stream) {
+  std::vector<LeanRingStamps> host(static_cast<size_t>(kLeanRingItems) * grid);
+  FG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  FG_CUDA_CHECK(cudaMemcpy(host.data(), ring, sizeof(LeanRingStamps) * host.size(), cudaMemcpyDeviceToHost));
+  FILE* f = std::fopen(std::getenv("FINEGEMM_FP4_LEAN_TRACE_FILE"), "a");
+  if (f == nullptr) return;
+  std::fprintf(f, "# fp4 lean ring m=%d n=%d k=%d grid=%d items=%d\n", p.m, p.n, p.k, grid, kLeanRingItems);
+  for (int c = 0; c < grid; ++c)
+    for (int i = 0; i < kLeanRingItems; ++i) {
+      const LeanRingStamps& e = host[static_cast<size_t>(c) * kLeanRingItems + i];
+      bool any = false;
+      for (unsigned long long v : e.t) any = any || v != ~0ull;
+      if (!any) continue;
+      std::fprintf(f, "%d %d", c, i);
+      for (unsigned long long v : e.t) std::fprintf(f, " %lld", v == ~0ull ? -1ll : static_cast<long long>(v));
+      std::fprintf(f, "\n");
+    }
+  std::fclose(f);
+}
+
 template <int BLOCK_M, int kStages, bool kAScale, int kExpand>
 void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                     const GemmParams& q, const LeanFp4B& fp4, int device, cudaStream_t stream) {
@@ -87,8 +134,24 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
   sched.num_groups = layout.num_groups;
   sched.num_n_blocks = ceil_div(q.n, kLeanBlockN);
   sched.num_k_blocks = q.k / kGemmBlockK;
-  kernel<<<num_sms_of_device(device), lean_fp4_threads<BLOCK_M, kStages>(kExpand),
-           fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK), stream>>>(tma_a, tma_b, q, sched, fp4);
+  const int grid = num_sms_of_device(device);
+  if constexpr (BLOCK_M == 192 && kAScale && kExpand == 1) {
+    if (LeanRingStamps* ring = ring_trace_begin(grid, stream)) {
+      auto traced = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>;
+      static std::atomic<bool> traced_attribute_set[kMaxDevices] = {};
+      allow_max_smem_once(traced, traced_attribute_set, device);
+      LeanFp4B stamped = fp4;
+      stamped.ring_trace = ring;
+      traced<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
+               stream>>>(tma_a, tma_b, q, sched, stamped);
+      FG_CUDA_CHECK(cudaGetLastError());
+      lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+      ring_trace_end(ring, q, grid, stream);
+      return;
+    }
+  }
+  kernel<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
+           stream>>>(tma_a, tma_b, q, sched, fp4);
   FG_CUDA_CHECK(cudaGetLastError());
   lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
 }

@@ -68,28 +68,34 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
   }
 }
 
-// The grouped lean kernel's tile height for the Store GEMMs, 0 for the general kernel. FINEGEMM_GROUPED_LEAN=0 /
-// 128 / 192 / 256 forces it; unset, 192 from 256 rows per expert on average, 128 from 48 to 95 (below). Measured (stop 52, H100, bench_cuda_moe,
-// layer µs, three rounds each, general / lean 192 / lean 256): DeepSeek-V3 FP8 T = 16384 (512 rows per expert)
-// 16.3-17.3k / 14.7-15.4k / 16.0-16.7k on the FP32, UE8M0 and static recipes; T = 8192 (256 rows) 9.9-10.3k /
-// 9.6-9.9k / 9.2-9.6k; Qwen3-30B-A3B T = 16384 (1024 rows) 2584-2629 / 2551-2564 / 2546-2592, T = 4096 (256 rows)
-// 777-809 / 791-794 / 784-813. At stop 39 (H200) it was no faster at T = 2048 and 4096 (64 and 128 rows per expert).
-// A setting of the general kernel's (FINEGEMM_GROUPED_BLOCK_M, _CLUSTER, _TMA_STORE, _ORDER) keeps the general kernel
-// unless FINEGEMM_GROUPED_LEAN is set too.
-// Stop 54 (H100, call 1): at 64 rows per expert (DeepSeek-V3 T = 2048) 128-row lean tiles took the FP8 layer to
-// 4593 / 4599 µs against the general kernel's 192-row tiles at 4815 / 4831 (stop 39 on the H200: 3557 against 3860);
-// at 128 rows (T = 4096) they lost (6365-6438 against 5397-5419: half the experts need a second tile). Hence 128-row
-// lean tiles from 48 rows per expert (where the general kernel leaves 64-row tiles) up to kGroupedLean128Below.
+// The grouped lean kernel's tile height for the Store GEMMs, 0 for the general kernel. FINEGEMM_GROUPED_LEAN=0 / 128 /
+// 192 / 256 forces it; unset, 192 from 256 rows per expert on average, 128 from 48 to 95 at K >= 4096 (below). Measured
+// (stop 52, H100, bench_cuda_moe, layer µs, three rounds each, general / lean 192 / lean 256): DeepSeek-V3 FP8 T =
+// 16384 (512 rows per expert) 16.3-17.3k / 14.7-15.4k / 16.0-16.7k on the FP32, UE8M0 and static recipes; T = 8192 (256
+// rows) 9.9-10.3k / 9.6-9.9k / 9.2-9.6k; Qwen3-30B-A3B T = 16384 (1024 rows) 2584-2629 / 2551-2564 / 2546-2592, T =
+// 4096 (256 rows) 777-809 / 791-794 / 784-813. At stop 39 (H200) it was no faster at T = 2048 and 4096 (64 and 128 rows
+// per expert). A setting of the general kernel's (FINEGEMM_GROUPED_BLOCK_M, _CLUSTER, _TMA_STORE, _ORDER) keeps the
+// general kernel unless FINEGEMM_GROUPED_LEAN is set too.
+// Stop 54 (H100, calls 1-2): at 64 rows per expert (DeepSeek-V3 T = 2048) 128-row lean tiles took the FP8 layer to
+// 4582-4599 µs against the general kernel's 192-row tiles at 4798-4839 (stop 39 on the H200: 3557 against 3860); at
+// 48 rows (T = 1536) 4363 / 4383 against 4608 / 4610, at 80 (T = 2560) 4793 / 4794 against 4902 / 4902; at 128 rows
+// (T = 4096) they lost (6365-6438 against 5397-5419: half the experts need a second tile). Qwen3-30B-A3B at 64 rows
+// (T = 1024, K = 2048 and 768) lost 1.8% (380.2 / 381.3 against 373.4 / 375.1 µs). Hence 128-row lean tiles from 48
+// to 95 rows per expert, at K >= kGroupedLean128MinK.
 constexpr int64_t kGroupedLean128From = 48, kGroupedLean128Below = 96;
+constexpr int kGroupedLean128MinK = 4096;
 
-int grouped_lean_block_m(int64_t expected_rows_per_group) {
+int grouped_lean_block_m(int64_t expected_rows_per_group, int k) {
   const char* lean = std::getenv("FINEGEMM_GROUPED_LEAN");
   if (lean == nullptr || *lean == '\0') {
     for (const char* general : {"FINEGEMM_GROUPED_BLOCK_M", "FINEGEMM_GROUPED_CLUSTER", "FINEGEMM_GROUPED_TMA_STORE",
                                 "FINEGEMM_GROUPED_ORDER"})
       if (const char* v = std::getenv(general); v != nullptr && *v != '\0') return 0;
     if (expected_rows_per_group >= 256) return 192;
-    return expected_rows_per_group >= kGroupedLean128From && expected_rows_per_group < kGroupedLean128Below ? 128 : 0;
+    return expected_rows_per_group >= kGroupedLean128From && expected_rows_per_group < kGroupedLean128Below &&
+                   k >= kGroupedLean128MinK
+               ? 128
+               : 0;
   }
   const std::string v = lean;
   if (v != "0" && v != "128" && v != "192" && v != "256")
@@ -144,7 +150,7 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   // The lean kernel's grouped mode for the Store GEMMs where it serves the call (grouped_lean_ok), elsewhere the
   // general kernel below. By default 192-row tiles once the experts average 256 rows or more (grouped_lean_block_m);
   // FINEGEMM_GROUPED_LEAN=0 turns it off, =128 / 192 / 256 takes that height at every size.
-  if (const int lean_m = grouped_lean_block_m(layout.expected_rows_per_group);
+  if (const int lean_m = grouped_lean_block_m(layout.expected_rows_per_group, p.k);
       lean_m != 0 && epilogue == Epilogue::Store) {
     GemmParams q = p;
     q.workspace = nullptr;
