@@ -230,11 +230,11 @@ struct GemmParams {
 // stamps kRingStamp*. Every stamp is taken by one thread: producer thread 0 (which also issues the TMA loads), the
 // producer warpgroup's last thread, consumer thread 0 (warpgroup 0, never idle) and warpgroup 2's thread 0.
 inline constexpr int kLeanRingItems = 160;
-inline constexpr int kLeanRingStamps = 10;
+inline constexpr int kLeanRingStamps = 12;
 enum LeanRingStamp : int {
   kRingP0EmptyWait = 0,   // producer 0: before the stage's empty wait
   kRingP0Free = 1,        // producer 0: the stage is free (after the wait)
-  kRingP0Issued = 2,      // producer 0: A's TMA and the next packed tile issued
+  kRingP0Issued = 2,      // producer 0: A's TMA and the next packed tile issued, the next scale words requested
   kRingP0Packed = 3,      // producer 0: its packed tile has landed (after the wait)
   kRingP0Arrive = 4,      // producer 0: its row expanded, before its full arrival
   kRingPLastArrive = 5,   // the last producer thread, before its full arrival
@@ -242,6 +242,8 @@ enum LeanRingStamp : int {
   kRingC0Full = 7,        // consumer 0: the stage is full
   kRingC0Release = 8,     // consumer 0: its wgmma done, the stage released
   kRingC2Full = 9,        // warpgroup 2's thread 0: the stage is full (idle or not)
+  kRingP0AIssued = 10,    // producer 0: after the A issue block (A's TMA where producer 0 issues it)
+  kRingP0PackedIssued = 11,  // producer 0: after issue_packed (the next packed tile's TMA)
 };
 struct LeanRingStamps {
   unsigned long long t[kLeanRingStamps];
