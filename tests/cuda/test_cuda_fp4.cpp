@@ -1910,32 +1910,6 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
         if (served && shared_top)
           EXPECT_EQ(lean_out.bytes, out.bytes) << "not the expanded path's bits";
       }
-      // 2-CTA clusters sharing A (FINEGEMM_FP4_LEAN_SHARE_A=1, stop 54): 192-row tiles, batched producers; both GEMMs
-      // have an even number of column blocks here (512 columns each), so both take it, with the unpaired kernel's bits.
-      if (served) {
-        const ScopedEnv lean("FINEGEMM_FP4_LEAN", "192"), unfused("FINEGEMM_MOE_UNFUSED", "1");
-        const ScopedEnv expand("FINEGEMM_FP4_LEAN_EXPAND", "batched");
-        const Buffer unpaired = run_moe(f, target());
-        const ScopedEnv share("FINEGEMM_FP4_LEAN_SHARE_A", "1");
-        const long long before = cuda::lean_fp4_share_a_launches();
-        const Buffer paired = run_moe(f, target());
-        EXPECT_EQ(cuda::lean_fp4_share_a_launches() - before, 2) << "gate_up's and down's launches";
-        EXPECT_EQ(paired.bytes, unpaired.bytes) << "FINEGEMM_FP4_LEAN_SHARE_A=1: not the unpaired kernel's bits";
-      }
-      // A's TMA issued by consumer thread 0 (FINEGEMM_FP4_LEAN_A_ISSUER=consumer, stop 54; down's K = 256 is two K
-      // blocks of a four-stage lap, so the consumers' issuing meets pad stages): the same bits.
-      if (served) {
-        const ScopedEnv lean("FINEGEMM_FP4_LEAN", "192"), unfused("FINEGEMM_MOE_UNFUSED", "1");
-        const ScopedEnv expand("FINEGEMM_FP4_LEAN_EXPAND", "batched");
-        const Buffer by_thread0 = run_moe(f, target());
-        for (const char* issuer : {"consumer"}) {
-          const ScopedEnv a_issuer("FINEGEMM_FP4_LEAN_A_ISSUER", issuer);
-          const long long before = cuda::lean_fp4_launches();
-          const Buffer moved = run_moe(f, target());
-          EXPECT_EQ(cuda::lean_fp4_launches() - before, 2) << "FINEGEMM_FP4_LEAN_A_ISSUER=" << issuer;
-          EXPECT_EQ(moved.bytes, by_thread0.bytes) << "FINEGEMM_FP4_LEAN_A_ISSUER=" << issuer << ": other bits";
-        }
-      }
       // The wide scan on the grouped lean kernel's scan-only calls (FINEGEMM_FP4_EXPAND_WIDE=2, stop 43; the default
       // since stop 44): the tiles scan's bits (FINEGEMM_FP4_EXPAND_WIDE=0), where every tile folds (the lean kernel
       // runs) and where row tops differ (its launches leave at the gate and the FP4 kernel runs).

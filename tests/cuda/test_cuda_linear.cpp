@@ -752,8 +752,6 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
                      [] { return cuda::fp4_expand_lean_wanted(); });
   check_switch<int>("FINEGEMM_FP4_SCAN_STAGED", {{"", -1}, {"0", 0}, {"1", 1}}, {"2", "on"},
                     [] { return cuda::fp4_scan_staged_mode(); });
-  check_switch<int>("FINEGEMM_FP4_LEAN_A_ISSUER", {{"", 0}, {"producer", 0}, {"consumer", -1}}, {"96", "1"},
-                    [] { return cuda::fp4_lean_a_issuer(); });
   // Unset: staged from 32 K blocks per row; 1 at any length; 0 never.
   EXPECT_TRUE(cuda::fp4_scan_staged_for(-1, 56));
   EXPECT_TRUE(cuda::fp4_scan_staged_for(-1, 32));

@@ -206,7 +206,7 @@ struct LeanStreamWalk {
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
           bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false, bool kStreamK = false,
-          bool kRingTrace = false, bool kConsumerA = false>
+          bool kRingTrace = false>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -243,10 +243,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(kProducerWGs * kProducerRegs + L::kWGs * kConsumerRegs <=
                     (65536 / kThreadsTotal) / 8 * 8 * (L::kWGs + kProducerWGs),
                 "setmaxnreg: the warpgroups ask for more registers than the launch allocated");
-  // kPair: the dense E4M3 lean kernel; with kShareA also the grouped FP4 kernel of one expanding producer warpgroup
-  // (FINEGEMM_FP4_LEAN_SHARE_A, stop 54).
-  static_assert(!kPair || (!kGrouped && !kFp4B) || (kShareA && kGrouped && kFp4B && kExpand <= 1),
-                "kPair: the dense E4M3 lean kernel, or kShareA on the grouped FP4 kernel with one producer warpgroup");
+  static_assert(!kPair || (!kGrouped && !kFp4B), "kPair: the dense E4M3 lean kernel only");
   static_assert(!kGated || (!kGrouped && !kFp4B && !kPair), "kGated: the dense E4M3 lean kernel, not paired");
   static_assert(!kShareA || kPair, "kShareA: a mode of the pairs");
   static_assert(!kSfbWarp || (!kGrouped && !kFp4B), "kSfbWarp: the dense E4M3 lean kernel");
@@ -255,12 +252,6 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(!kRingTrace || (kFp4B && !kConsumerExpand && kProducerWGs == 1 && L::kWGs == 3),
                 "kRingTrace: the 192-row FP4 lean kernel with one expanding producer warpgroup");
   LeanRingStamps* const ring = kRingTrace ? fp4.ring_trace : nullptr;
-  // kConsumerA (FINEGEMM_FP4_LEAN_A_ISSUER=consumer, stop 54): consumer thread 0 issues A's TMA for each stage's next
-  // use once every consumer has released it (the ring trace had the producers' issuing thread a third of a K block
-  // behind the other producers, every stage waiting on it); the producers' thread 0 issues the CTA's first lap.
-  // full[s] then counts one more arrival: the A issuer's, with A's bytes (or alone for a pad stage).
-  static_assert(!kConsumerA || (kGrouped && kFp4B && kBatched && kProducerWGs == 1 && !kPair && !kConsumerExpand),
-                "kConsumerA: the grouped FP4 kernel, batched, one producer warpgroup, unpaired");
   if constexpr (kFp4B || kGated || kGrouped) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves. The
     // grouped E4M3 kernel reads the gate where it is given (the MoE's FP4 experts expanded, stop 52).
@@ -300,9 +291,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   if constexpr (kGrouped) {
     sched.prepare(empty + S, kThreadsTotal);  // its __syncthreads comes below
     __syncthreads();
-    // kShareA (grouped FP4): the pairs' tiles, the expert's column blocks 2j and 2j + 1 of one row block (the
-    // scheduler runs them m-block major; the launcher takes an even number of column blocks).
-    num_tiles = kShareA ? sched.num_tiles() / 2 : sched.num_tiles();
+    num_tiles = sched.num_tiles();
   }
   // This tile's first row, one past its last row to store, expert and first column.
   struct Tile {
@@ -310,7 +299,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   };
   auto tile_of = [&](int t) {
     if constexpr (kGrouped) {
-      const TileInfo info = sched.tile(kShareA ? 2 * t + static_cast<int>(cta_rank()) : t);
+      const TileInfo info = sched.tile(t);
       return Tile{info.m_row0, info.m_end, info.group, info.n_block * kLeanBlockN};
     } else if constexpr (kShareA) {
       return Tile{t % num_m_blocks * BLOCK_M, p.m, 0, (2 * (t / num_m_blocks) + static_cast<int>(cta_rank())) * kLeanBlockN};
@@ -326,9 +315,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     for (int s = 0; s < S; ++s) {
       // kFp4B: every producer thread, after its row of the expanded B tile (the TMA thread adds A's bytes first).
       // kConsumerExpand: the TMA thread's arrival with A's bytes, and every consumer thread after its part of B.
-      ptx::mbar_init(&full[s], kConsumerExpand ? 1 + L::kConsumerThreads
-                               : kFp4B           ? 128 * kProducerWGs + (kConsumerA ? 1 : 0)
-                                                 : 1);
+      ptx::mbar_init(&full[s], kConsumerExpand ? 1 + L::kConsumerThreads : kFp4B ? 128 * kProducerWGs : 1);
       // Every consumer thread, after its last read of the stage; kPair: and the peer's consumer warps (lane 0 each).
       ptx::mbar_init(&empty[s], L::kConsumerThreads + (kPair ? L::kConsumerThreads / 32 : 0));
     }
@@ -427,15 +414,13 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       const int e = kProducerWGs == 2 ? e_all & 127 : e_all;
       const int half = kProducerWGs == 2 ? e_all >> 7 : 0;
       const bool issuer = e_all == 0;
-      // A's TMA: thread 0 (kConsumerA: the CTA's first lap only).
-      const bool a_issuer = issuer;
       if (issuer) {
         ptx::prefetch_tensor_map(&tma_a);
         ptx::prefetch_tensor_map(&tma_b);
       }
       // Counts as unsigned: the ring slot and phase by mask and shift.
       uint32_t issued = 0;
-      int load_t = first_tile(), load_kb = 0;
+      int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
       const uint32_t packed_row = ptx::smem_addr(smem_packed) + static_cast<uint32_t>(lean_fp4_packed_row(e));
       const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(e));
       // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile (item
@@ -460,13 +445,13 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         ++issued;
         if (++load_kb == num_kb) {
           load_kb = 0;
-          load_t += tile_stride();
+          load_t += static_cast<int>(gridDim.x);
         }
       };
       if (issuer)
         for (int i = 0; i < kAhead; ++i) issue_packed();
       uint32_t lap_count = 0, item = 0;
-      for (int t = first_tile(); t < num_tiles; t += tile_stride()) {
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         const Tile tile = tile_of(t);
         const int m0 = tile.m0;
         const uint32_t sfa_bytes = kBulkA ? static_cast<uint32_t>((min(BLOCK_M, p.m - m0) + 3) / 4 * 16) : 0u;
@@ -486,29 +471,24 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             const int kb = lap * S + s;
+            // The next packed tile (kAhead items ahead) here, before the stage's empty wait, not beside A's TMA:
+            // issued right after A's, its TMA took ~640 cycles to issue (the TMA unit still busy with A's 192-row
+            // box) against ~120 for A's, every K block, on the warp every stage waits for (the ring trace, stop 54
+            // call 4). Here the unit has had the previous row's expansion to take the previous A.
+            if (issuer && kb < num_kb) {
+              issue_packed();
+              lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
+            }
             if (issuer && kb < num_kb) lean_ring_stamp<kRingTrace>(ring, item, kRingP0EmptyWait);
             ptx::mbar_wait(&empty[s], free_parity);
             if (kb < num_kb) {
               if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Free);
-              if (a_issuer && (!kConsumerA || (t == first_tile() && lap == 0))) {
-                if constexpr (kConsumerA) ptx::mbar_arrive_expect_tx(&full[s], L::kStageA + sfa_bytes);
-                else ptx::mbar_expect_tx(&full[s], L::kStageA + sfa_bytes);
-                if constexpr (kShareA) {
-                  // This CTA's BLOCK_M / 2-row half of A into both CTAs of the pair (tma_a's box: BLOCK_M / 2 rows).
-                  constexpr int kHalfA = BLOCK_M / 2;
-                  const int rank = static_cast<int>(cta_rank());
-                  ptx::tma_load_2d_multicast(smem_a + s * L::kStageA + rank * kHalfA * kGemmBlockK, &tma_a, &full[s],
-                                             kb * kGemmBlockK, m0 + rank * kHalfA, 0x3);
-                } else {
-                  ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
-                }
+              if (issuer) {
+                ptx::mbar_expect_tx(&full[s], L::kStageA + sfa_bytes);
+                ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
                 if constexpr (kBulkA)
                   ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
-              }
-              if (issuer) {
                 lean_ring_stamp<kRingTrace>(ring, item, kRingP0AIssued);
-                issue_packed();
-                lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
               }
               const uint32_t w = w_next;
               const int emax = emax_next;
@@ -568,8 +548,6 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
               ++item;
             } else {
               ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
-              // kConsumerA: the A issuer's arrival, the producers' for the CTA's first lap.
-              if (kConsumerA && a_issuer && t == first_tile() && lap == 0) ptx::mbar_arrive(&full[s]);
             }
           }
         }
@@ -803,26 +781,6 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     }
     const Tile tile = tile_of(t);
     const int m0 = tile.m0, n0 = tile.n0;
-    // kConsumerA: after consumer thread 0's release of stage s in lap `lap` of this tile, once every consumer has
-    // released it (phase `parity` of empty[s]), the stage's next use: A's TMA with the issuer's arrival on full[s],
-    // or the arrival alone for a pad stage; nothing past the CTA's last tile.
-    auto consumer_a = [&](int s, int lap, uint32_t parity) {
-      if constexpr (kConsumerA) {
-        if (threadIdx.x != 0) return;
-        const bool same = lap + 1 < laps;
-        // The next tile's first row where the next use is there (the scheduler's search, S times per tile).
-        const int row = same ? m0 : t + tile_stride() < num_tiles ? tile_of(t + tile_stride()).m0 : -1;
-        if (row < 0) return;
-        const int kb = (same ? lap + 1 : 0) * S + s;
-        ptx::mbar_wait(&empty[s], parity);
-        if (kb < num_kb) {
-          ptx::mbar_arrive_expect_tx(&full[s], L::kStageA);
-          ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, row);
-        } else {
-          ptx::mbar_arrive(&full[s]);
-        }
-      }
-    };
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
     // last reads of them are done. kSfbWarp: from the scale warp's buffer for this tile.
     const float* sfb = smem_sfb;
@@ -851,7 +809,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
               if (threadIdx.x == 256) lean_ring_stamp<kRingTrace>(ring, ring_item, kRingC2Full);
               ++ring_item;
             }
-            release(s);  // kPair: the peer's empty barrier counts this warp too
+            ptx::mbar_arrive(&empty[s]);
             expand_next();
           }
         }
@@ -920,7 +878,6 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         ptx::fence_operands(acc);
         if (half == L::kHalves - 1) release(s);
         if (half == L::kHalves - 1 && threadIdx.x == 0) lean_ring_stamp<kRingTrace>(ring, ring_item, kRingC0Release);
-        if (half == L::kHalves - 1) consumer_a(s, kb / S, parity);
         float* tot = total + 64 * half;
 #pragma unroll
         for (int c = 0; c < kLeanBlockN / 8; ++c) {
@@ -945,7 +902,6 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         for (int s = left; s < S; ++s) {  // the pad stages
           ptx::mbar_wait(&full[s], parity);
           release(s);
-          consumer_a(s, lap, parity);
           expand_next();
         }
       }
@@ -1178,17 +1134,13 @@ __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1
 }
 
 // kRingTrace: the diagnostic build that stamps its ring (LeanFp4B::ring_trace; FINEGEMM_FP4_LEAN_TRACE_FILE).
-// kShareA (FINEGEMM_FP4_LEAN_SHARE_A=1): 2-CTA clusters over an expert's column blocks 2j and 2j + 1, each CTA
-// loading one half of the A tile into both (lean_gemm_body's kPair with kShareA).
-// kConsumerA (FINEGEMM_FP4_LEAN_A_ISSUER=consumer): consumer thread 0 issues A's TMA (lean_gemm_body).
-template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false, bool kShareA = false,
-          bool kConsumerA = false>
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false>
 __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1)
     sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
                                  const LeanFp4B fp4) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand, kShareA, false, kShareA, false, false, kRingTrace,
-                 kConsumerA>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand, false, false, false, false, false, kRingTrace>(
+      tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

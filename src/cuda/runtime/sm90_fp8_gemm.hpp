@@ -236,11 +236,6 @@ int fp4_lean_expand_mode();
 int fp4_lean_expand_for(int mode, int block_m, bool grouped);
 // How many FP4 lean launches this process has made (dense and grouped; tests check that the switch took them).
 long long lean_fp4_launches();
-// Launches of the grouped FP4 lean kernel in 2-CTA clusters sharing A (FINEGEMM_FP4_LEAN_SHARE_A=1).
-long long lean_fp4_share_a_launches();
-// FINEGEMM_FP4_LEAN_A_ISSUER: who issues A's TMA in the grouped 192-row batched FP4 lean kernel with A scales:
-// 0 producer thread 0 (unset or 'producer'), -1 consumer thread 0 ('consumer').
-int fp4_lean_a_issuer();
 
 // a [p.m, K] E4M3 (all groups' rows), b [groups · p.n, K] E4M3. kEpilogue Store writes p.out [p.m, p.n];
 // ActRequant writes p.out_q / p.out_q_scale (b_layout and act fields of p say how).

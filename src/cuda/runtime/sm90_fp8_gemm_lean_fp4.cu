@@ -16,7 +16,6 @@ namespace finegemm::cuda {
 namespace {
 
 std::atomic<long long> lean_fp4_launch_count{0};
-std::atomic<long long> lean_fp4_share_a_launch_count{0};
 
 // Dense calls take 128-row tiles at four stages: the packed ring (57 KB) beside five stages and the staging tiles
 // would pass the 227 KB of shared memory, as would 256-row tiles at three.
@@ -119,11 +118,11 @@ void ring_trace_end(LeanRingStamps* ring, const GemmParams& p, int grid, cudaStr
   std::fclose(f);
 }
 
-template <int BLOCK_M, int kStages, bool kAScale, int kExpand, bool kConsumerA = false>
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand>
 void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                     const GemmParams& q, const LeanFp4B& fp4, int device, cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, false, kConsumerA>;
+  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand>;
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
   allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
@@ -138,7 +137,7 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
   const int grid = num_sms_of_device(device);
   if constexpr (BLOCK_M == 192 && kAScale && kExpand == 1) {
     if (LeanRingStamps* ring = ring_trace_begin(grid, stream)) {
-      auto traced = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true, false, kConsumerA>;
+      auto traced = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>;
       static std::atomic<bool> traced_attribute_set[kMaxDevices] = {};
       allow_max_smem_once(traced, traced_attribute_set, device);
       LeanFp4B stamped = fp4;
@@ -157,72 +156,7 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
   lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
 }
 
-// FINEGEMM_FP4_LEAN_SHARE_A=1 (stop 54, off until measured): the grouped 192-row batched kernel with A scales in 2-CTA
-// clusters over an expert's column blocks 2j and 2j + 1, each CTA loading one 96-row half of the A tile into both
-// (lean_gemm_body's kPair with kShareA): per tile and K block 12 KB of A from L2 instead of 24. At DeepSeek-V3 T = 4096
-// the A tiles are as many bytes as the weights (~128 rows per expert against 128-column weight tiles), and the
-// stages waited on A (the ring trace, stop 54). False where no cluster fits (the caller runs the unpaired kernel).
-template <int BLOCK_M, int kStages>
-bool launch_grouped_share_a(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
-                            const GemmParams& q, const LeanFp4B& fp4, int device, cudaStream_t stream) {
-  using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, true, 1, false, true>;
-  static std::atomic<bool> attribute_set[kMaxDevices] = {};
-  allow_max_smem_once(kernel, attribute_set, device);
-  const int smem = fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK);
-  const int threads = lean_fp4_threads<BLOCK_M, kStages>(1);
-  // As many clusters as fit at once (an SM pair sits in one GPC): the kernel is persistent.
-  static std::atomic<int> max_clusters[kMaxDevices] = {};
-  const int slot = device < kMaxDevices ? device : 0;
-  int clusters = max_clusters[slot].load(std::memory_order_relaxed);
-  if (clusters == 0) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(2 * (num_sms_of_device(device) / 2));
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = static_cast<size_t>(smem);
-    config.attrs = attr;
-    config.numAttrs = 1;
-    FG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-    if (clusters <= 0) clusters = -1;
-    max_clusters[slot].store(clusters);
-  }
-  if (clusters < 0) return false;
-  const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M / 2);
-  const CUtensorMap tma_b = packed_map(b, int64_t{layout.num_groups} * q.n, q.k, ldb);
-  typename L::Sched sched;
-  sched.offsets = layout.offsets;
-  sched.counts = layout.counts;
-  sched.max_rows = layout.max_rows;
-  sched.num_groups = layout.num_groups;
-  sched.num_n_blocks = ceil_div(q.n, kLeanBlockN);
-  sched.num_k_blocks = q.k / kGemmBlockK;
-  launch_ex(false, 2, kernel, dim3(2 * clusters), dim3(threads), static_cast<size_t>(smem), stream, tma_a, tma_b, q,
-            sched, fp4);
-  lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
-  lean_fp4_share_a_launch_count.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
 }  // namespace
-
-// FINEGEMM_FP4_LEAN_A_ISSUER=consumer (stop 54, off until measured): consumer thread 0 issues A's TMA in the grouped
-// 192-row batched FP4 lean kernel with A scales (lean_gemm_body's kConsumerA), not producer thread 0, which also
-// expands a row and issues the packed tiles. The ring trace (stop 54, call 3) had producer thread 0 ~0.45 µs per K
-// block behind the other producers, in its issuing, and every stage waiting on it. Unset or 'producer': 0.
-int fp4_lean_a_issuer() {
-  const char* env = std::getenv("FINEGEMM_FP4_LEAN_A_ISSUER");
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "producer") return 0;
-  if (v == "consumer") return -1;
-  throw Error("FINEGEMM_FP4_LEAN_A_ISSUER: expected 'producer' (the default) or 'consumer', got '" + v + "'");
-}
-
-long long lean_fp4_share_a_launches() { return lean_fp4_share_a_launch_count.load(std::memory_order_relaxed); }
 
 bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups, int device) {
   if (grouped ? (block_m != 128 && block_m != 192 && block_m != 256) : block_m != 128) return false;
@@ -246,8 +180,7 @@ bool lean_fp4_ok(const GemmParams& p, int block_m, bool grouped, int num_groups,
 }
 
 void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& view,
-                               const LeanFp4B& fp4_view, int device, cudaStream_t stream) {
-  const LeanFp4B& fp4 = fp4_view;  // FINEGEMM_FP4_LEAN_A_ISSUER=consumer serves the grouped kernel only
+                               const LeanFp4B& fp4, int device, cudaStream_t stream) {
   auto launch = [&](auto a_scale) {
     constexpr bool kA = decltype(a_scale)::value;
     switch (fp4_lean_expand_for(fp4_lean_expand_mode(), 128, false)) {
@@ -262,10 +195,8 @@ void launch_sm90_fp4_gemm_lean(const void* a, int64_t lda, const void* b, int64_
 }
 
 void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
-                                  const GemmParams& view, const LeanFp4B& fp4_view, int block_m, int device,
+                                  const GemmParams& view, const LeanFp4B& fp4, int block_m, int device,
                                   cudaStream_t stream) {
-  const LeanFp4B& fp4 = fp4_view;
-  const bool consumer_a = fp4_lean_a_issuer() < 0;
   const int stages = lean_stages(block_m, view.k / kGemmBlockK);
   // The expansion mode per height: 128 rows any; 192 rows batched when batched or split is asked and the call has A
   // scales (without them the batch spilled: 4 bytes of stores, 52 of loads), else serial (split, two producer
@@ -274,20 +205,8 @@ void launch_sm90_fp4_grouped_lean(const void* a, int64_t lda, const void* b, int
     constexpr bool kA = decltype(a_scale)::value;
     constexpr int kE = decltype(expand)::value;
     constexpr int kE192 = kE == 3 ? 3 : kA && kE >= 1 ? 1 : 0;
-    if (block_m == 256) {
-      launch_grouped<256, 3, kA, 0>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    } else if (block_m == 192) {
-      if constexpr (kA && kE192 == 1) {
-        if (ceil_div(view.n, kLeanBlockN) % 2 == 0 && env_switch("FINEGEMM_FP4_LEAN_SHARE_A", false) &&
-            launch_grouped_share_a<192, 4>(a, lda, b, ldb, layout, view, fp4, device, stream))
-          return;
-        if (consumer_a) {  // FINEGEMM_FP4_LEAN_A_ISSUER=consumer
-          launch_grouped<192, 4, kA, kE192, true>(a, lda, b, ldb, layout, view, fp4, device, stream);
-          return;
-        }
-      }
-      launch_grouped<192, 4, kA, kE192>(a, lda, b, ldb, layout, view, fp4, device, stream);
-    }
+    if (block_m == 256) launch_grouped<256, 3, kA, 0>(a, lda, b, ldb, layout, view, fp4, device, stream);
+    else if (block_m == 192) launch_grouped<192, 4, kA, kE192>(a, lda, b, ldb, layout, view, fp4, device, stream);
     else if (stages == 5) launch_grouped<128, 5, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
     else launch_grouped<128, 4, kA, kE>(a, lda, b, ldb, layout, view, fp4, device, stream);
   };
