@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stop 54, call 5 (carry [".snap/prebuilt.txz", ".snap/prebuilt_old.txz", ".snap/c5.sh"]; <= ~360 s). Call 4's ring
 # trace split producer thread 0's issuing: A's TMA ~120 cycles, issue_packed ~640 (the packed tile's TMA issued
-# right after A's), per K block, on the warp every stage waits for. This build issues the packed tile after the
-# thread's arrival on the stage (its expansion done), not beside A's TMA. prebuilt_old.txz: bench_cuda_moe of 26a19a5
+# right after A's), per K block, on the warp every stage waits for. This build issues the packed tile before the
+# stage's empty wait (the previous row expanded meanwhile), not beside A's TMA. prebuilt_old.txz: bench_cuda_moe of 26a19a5
 # (both at the stage's start). (1) tests: test_cuda_fp4's lean / scan / crafted-spread tests, test_cuda_moe's lean
 # and FP4 tests; (2) the ring trace of gate_up at T = 4096 in the new order; (3) the DeepSeek-V3 FP8 and FP4 layers
 # at T = 4096, new against old binaries, three rounds interleaved (same recipes per process, so the same data);
@@ -22,7 +22,7 @@ timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedLean*:*Fp4*:*Expand*'
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran|Failure" $W/test_moe.txt | head -12
 FINEGEMM_FP4_LEAN_TRACE_FILE=$W/ring_new.txt FINEGEMM_FP4_LEAN_TRACE_CALL=4 timeout 100 \
   $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ring_new.jsonl 2>$W/ring_new.err
-echo "-- ring trace gate_up, packed after the arrival rc=$? $(el)"
+echo "-- ring trace gate_up, packed before the empty wait rc=$? $(el)"
 python3 $ROOT/scripts/fp4-lean-ring $W/ring_new.txt --mhz 1980 2>&1 | head -24
 for round in 1 2 3; do
   for side in new old; do

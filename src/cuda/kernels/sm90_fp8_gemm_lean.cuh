@@ -80,7 +80,9 @@ struct LeanGemm {
   // 441 µs): the producers are latency-bound in the expansion itself, one warp per scheduler (their samples: 29%
   // long scoreboard, 27% fixed-latency waits, 17% shared-load waits, 16% issuing). The MoE layers were measured with
   // seven.
-  static constexpr int kRawStages = 7;
+  // Stop 54: 5, not 7 (FINEGEMM experiment, call 6): the ring trace had the packed tiles' TMA issue stalled ~640
+  // cycles (1300 when issued later in the K block), as if the SM's TMA unit held too many copies in flight.
+  static constexpr int kRawStages = 5;
   static constexpr int kStageRaw = kLeanBlockN * kGemmBlockK / 2;
   static constexpr int kFp4Extra = kRawStages * kStageRaw + 256;
   static_assert(2 * kRawStages * 8 + 9 * 8 + 4 <= 256, "the packed ring's barriers, the fold table and the B row fit");
@@ -471,14 +473,6 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             const int kb = lap * S + s;
-            // The next packed tile (kAhead items ahead) here, before the stage's empty wait, not beside A's TMA:
-            // issued right after A's, its TMA took ~640 cycles to issue (the TMA unit still busy with A's 192-row
-            // box) against ~120 for A's, every K block, on the warp every stage waits for (the ring trace, stop 54
-            // call 4). Here the unit has had the previous row's expansion to take the previous A.
-            if (issuer && kb < num_kb) {
-              issue_packed();
-              lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
-            }
             if (issuer && kb < num_kb) lean_ring_stamp<kRingTrace>(ring, item, kRingP0EmptyWait);
             ptx::mbar_wait(&empty[s], free_parity);
             if (kb < num_kb) {
@@ -489,6 +483,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 if constexpr (kBulkA)
                   ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
                 lean_ring_stamp<kRingTrace>(ring, item, kRingP0AIssued);
+                issue_packed();
+                lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
               }
               const uint32_t w = w_next;
               const int emax = emax_next;
