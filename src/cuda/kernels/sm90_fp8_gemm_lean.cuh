@@ -80,9 +80,9 @@ struct LeanGemm {
   // 441 µs): the producers are latency-bound in the expansion itself, one warp per scheduler (their samples: 29%
   // long scoreboard, 27% fixed-latency waits, 17% shared-load waits, 16% issuing). The MoE layers were measured with
   // seven.
-  // Stop 54: 5, not 7 (FINEGEMM experiment, call 6): the ring trace had the packed tiles' TMA issue stalled ~640
-  // cycles (1300 when issued later in the K block), as if the SM's TMA unit held too many copies in flight.
-  static constexpr int kRawStages = 5;
+  // Stop 54 (call 6, H100): a ring of 5 (3 items ahead) left the packed tiles' TMA issue as stalled (~630 cycles per
+  // K block) and the layers as fast (DeepSeek-V3 FP4 at T = 4096 6035-6116 µs against 6049-6134 at 7), so 7 stays.
+  static constexpr int kRawStages = 7;
   static constexpr int kStageRaw = kLeanBlockN * kGemmBlockK / 2;
   static constexpr int kFp4Extra = kRawStages * kStageRaw + 256;
   static_assert(2 * kRawStages * 8 + 9 * 8 + 4 <= 256, "the packed ring's barriers, the fold table and the B row fit");
