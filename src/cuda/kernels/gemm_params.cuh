@@ -242,7 +242,7 @@ enum LeanRingStamp : int {
   kRingC0Full = 7,        // consumer 0: the stage is full
   kRingC0Release = 8,     // consumer 0: its wgmma done, the stage released
   kRingC2Full = 9,        // warpgroup 2's thread 0: the stage is full (idle or not)
-  kRingP0AIssued = 10,    // producer 0: after the A issue block (A's TMA where producer 0 issues it)
+  kRingP0AIssued = 10,    // producer 0: after A's TMA
   kRingP0PackedIssued = 11,  // producer 0: after issue_packed (the next packed tile's TMA)
 };
 struct LeanRingStamps {

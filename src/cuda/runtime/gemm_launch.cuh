@@ -206,6 +206,28 @@ inline void allow_max_smem_once(Kernel kernel, std::atomic<bool> (&attribute_set
   }
 }
 
+// The diagnostic traces' launch choice (FINEGEMM_GEMM_LEAN_TRACE_FILE, FINEGEMM_FP4_LEAN_TRACE_FILE): when the file
+// variable `file_env` is set and `stream` is not capturing, launch number `call_env` (default `default_call`) of the
+// caller's launches, counted in `calls`, gets the caller's buffer `buf`, grown to `bytes` (capacity in `capacity`)
+// and filled with 0xFF bytes; every other launch gets nullptr.
+inline void* diagnostic_trace_buffer(const char* file_env, const char* call_env, int default_call, int& calls, void*& buf,
+                                     size_t& capacity, size_t bytes, cudaStream_t stream) {
+  const char* file = std::getenv(file_env);
+  if (file == nullptr || *file == 0) return nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  const char* which = std::getenv(call_env);
+  if (calls++ != (which && *which ? std::atoi(which) : default_call)) return nullptr;
+  if (capacity < bytes) {
+    if (buf) FG_CUDA_CHECK(cudaFree(buf));
+    FG_CUDA_CHECK(cudaMalloc(&buf, bytes));
+    capacity = bytes;
+  }
+  FG_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, bytes, stream));
+  return buf;
+}
+
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 #if FINEGEMM_GEMM_TRACE

@@ -31,23 +31,12 @@ std::atomic<long long> lean_stream_k_launch_count{0};
 // (default 20) of the process's uncaptured stream-K launches stamps its items (LeanTrace) and appends them to the file
 // after the launch (the stream is synchronised: a traced run times nothing). scripts/lean-trace summarises them.
 LeanTrace* lean_trace_begin(int sms, cudaStream_t stream) {
-  const char* file = std::getenv("FINEGEMM_GEMM_LEAN_TRACE_FILE");
-  if (file == nullptr || *file == 0) return nullptr;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;
   static int calls = 0;
-  const char* which = std::getenv("FINEGEMM_GEMM_LEAN_TRACE_CALL");
-  if (calls++ != (which && *which ? std::atoi(which) : 20)) return nullptr;
-  static LeanTrace* buf = nullptr;
-  static int buf_sms = 0;
-  if (buf_sms < sms) {
-    if (buf) FG_CUDA_CHECK(cudaFree(buf));
-    FG_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(LeanTrace) * kLeanTraceItems * sms));
-    buf_sms = sms;
-  }
-  FG_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, sizeof(LeanTrace) * kLeanTraceItems * sms, stream));
-  return buf;
+  static void* buf = nullptr;
+  static size_t capacity = 0;
+  void* traced = diagnostic_trace_buffer("FINEGEMM_GEMM_LEAN_TRACE_FILE", "FINEGEMM_GEMM_LEAN_TRACE_CALL", 20,
+                                         calls, buf, capacity, sizeof(LeanTrace) * kLeanTraceItems * sms, stream);
+  return static_cast<LeanTrace*>(traced);
 }
 
 // One line per traced item: cta item t kb0 kb1, then each stamp's globaltimer and clock64 (-1 where not stamped).

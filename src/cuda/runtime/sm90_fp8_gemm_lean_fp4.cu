@@ -78,23 +78,12 @@ void launch_dense(const void* a, int64_t lda, const void* b, int64_t ldb, const 
 // CTA's first kLeanRingItems K blocks (LeanRingStamps), and appends the stamps to the file (the stream is
 // synchronised: a traced run times nothing). scripts/fp4-lean-ring summarises them.
 LeanRingStamps* ring_trace_begin(int grid, cudaStream_t stream) {
-  const char* file = std::getenv("FINEGEMM_FP4_LEAN_TRACE_FILE");
-  if (file == nullptr || *file == 0) return nullptr;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;
   static int calls = 0;
-  const char* which = std::getenv("FINEGEMM_FP4_LEAN_TRACE_CALL");
-  if (calls++ != (which && *which ? std::atoi(which) : 4)) return nullptr;
-  static LeanRingStamps* buf = nullptr;
-  static int buf_grid = 0;
-  if (buf_grid < grid) {
-    if (buf) FG_CUDA_CHECK(cudaFree(buf));
-    FG_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(LeanRingStamps) * kLeanRingItems * grid));
-    buf_grid = grid;
-  }
-  FG_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, sizeof(LeanRingStamps) * kLeanRingItems * grid, stream));
-  return buf;
+  static void* buf = nullptr;
+  static size_t capacity = 0;
+  void* traced = diagnostic_trace_buffer("FINEGEMM_FP4_LEAN_TRACE_FILE", "FINEGEMM_FP4_LEAN_TRACE_CALL", 4,
+                                         calls, buf, capacity, sizeof(LeanRingStamps) * kLeanRingItems * grid, stream);
+  return static_cast<LeanRingStamps*>(traced);
 }
 
 // One line per stamped item: cta item, then the kLeanRingStamps clock64 values (-1 where not stamped).
