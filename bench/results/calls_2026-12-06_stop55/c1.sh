@@ -42,7 +42,7 @@ if left 420; then
   echo "-- stream-K trace rc=$? $(el) $(wc -l <$W/lean.txt 2>/dev/null) lines"; lin $W/lean.jsonl; tail -n 2 $W/lean.err
 fi
 if left 470; then
-  FINEGEMM_TEST_SEED=18343406184352838198 timeout 40 $B/tests/test_cuda_fp4 --gtest_filter='*CraftedSpread*' >$W/test_fp4_seed.txt 2>&1; echo "-- crafted spread (stop 54's seed) rc=$? $(el)"
+  FINEGEMM_TEST_SEED=18343406184352838198 timeout 60 $B/tests/test_cuda_fp4 --gtest_filter='*Lean*:Fp4Scan*:*Grouped*:*CraftedSpread*' >$W/test_fp4_seed.txt 2>&1; echo "-- crafted spread (stop 54's seed) rc=$? $(el)"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|actual|rel" $W/test_fp4_seed.txt | head -8
   timeout 60 $B/tests/test_cuda_moe --gtest_filter='*GroupedLean*:*Fp4*:*Expand*' >$W/test_moe.txt 2>&1; echo "-- test_cuda_moe lean/fp4 rc=$? $(el)"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" $W/test_moe.txt | head -6
