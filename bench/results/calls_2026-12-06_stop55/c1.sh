@@ -34,14 +34,25 @@ if left 330; then
   timeout 70 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 16384 --recipes dynamic,fp4 --check-tokens 1 >$W/moe_16k.jsonl 2>$W/moe_16k.err
   echo "-- T=16384 rc=$? $(el)"; show $W/moe_16k.jsonl
 fi
-if left 420; then
+if left 360; then
+  # Issue 4 on this card: the FP8 expert GEMMs at T = 4096 under ncu (DRAM bytes and rate, SM and tensor pipe).
+  R=$W/ncu_fp8
+  timeout 100 ncu --clock-control none -k "regex:gemm" --launch-count 2 -f -o $R --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__inst_executed_pipe_tensor_op_gmma.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second \
+    $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes dynamic --check-tokens 1 >$R.log 2>&1
+  echo "-- ncu FP8 T=4096 rc=$? $(el)"
+  ncu -i $R.ncu-rep --page details >$R.txt 2>&1
+  grep -E "^  [a-z_0-9]+.*gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|Memory Throughput|L2 Hit Rate|dram__bytes|gmma|SM Frequency|elapsed.avg.per_second" $R.txt | cut -c1-150 | head -40
+  rm -f $R.ncu-rep
+fi
+if left 430; then
   FINEGEMM_FP4_LEAN_TRACE_FILE=$W/ring.txt timeout 40 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ring.jsonl 2>$W/ring.err
   echo "-- FP4 ring trace rc=$? $(el) $(wc -l <$W/ring.txt 2>/dev/null) lines"; show $W/ring.jsonl
   python3 $ROOT/scripts/fp4-lean-ring $W/ring.txt --mhz 1980 2>&1 | head -30
   FINEGEMM_GEMM_LEAN_STREAMK=1 FINEGEMM_GEMM_LEAN_TRACE_FILE=$W/lean.txt timeout 30 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168 --variants block-fp32-dynamic >$W/lean.jsonl 2>$W/lean.err
   echo "-- stream-K trace rc=$? $(el) $(wc -l <$W/lean.txt 2>/dev/null) lines"; lin $W/lean.jsonl; tail -n 2 $W/lean.err
 fi
-if left 470; then
+if left 480; then
   FINEGEMM_TEST_SEED=18343406184352838198 timeout 60 $B/tests/test_cuda_fp4 --gtest_filter='*Lean*:Fp4Scan*:*Grouped*:*CraftedSpread*' >$W/test_fp4_seed.txt 2>&1; echo "-- crafted spread (stop 54's seed) rc=$? $(el)"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|actual|rel" $W/test_fp4_seed.txt | head -8
   timeout 60 $B/tests/test_cuda_moe --gtest_filter='*GroupedLean*:*Fp4*:*Expand*' >$W/test_moe.txt 2>&1; echo "-- test_cuda_moe lean/fp4 rc=$? $(el)"
