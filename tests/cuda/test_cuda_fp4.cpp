@@ -1909,6 +1909,15 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
         EXPECT_LE(lean_cmp.rel, fold_bar(lean_cmp.rel));
         if (served && shared_top)
           EXPECT_EQ(lean_out.bytes, out.bytes) << "not the expanded path's bits";
+        // The packed tiles issued by warp 1's first producer thread (FINEGEMM_FP4_LEAN_PACKED_ISSUER=32; the 192-row
+        // batched kernel with A scales): the same bits.
+        if (served && std::string(height) == "192" && std::string(order) == "batched") {
+          const ScopedEnv issuer("FINEGEMM_FP4_LEAN_PACKED_ISSUER", "32");
+          const long long moved_before = cuda::lean_fp4_packed_issuer_launches();
+          const Buffer moved = run_moe(f, target());
+          EXPECT_EQ(cuda::lean_fp4_packed_issuer_launches() - moved_before, 2) << "the gate_up and down GEMMs";
+          EXPECT_EQ(moved.bytes, lean_out.bytes) << "FINEGEMM_FP4_LEAN_PACKED_ISSUER=32: not thread 0's bits";
+        }
       }
       // The wide scan on the grouped lean kernel's scan-only calls (FINEGEMM_FP4_EXPAND_WIDE=2, stop 43; the default
       // since stop 44): the tiles scan's bits (FINEGEMM_FP4_EXPAND_WIDE=0), where every tile folds (the lean kernel

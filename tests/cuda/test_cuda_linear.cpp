@@ -739,6 +739,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
   check_switch<int>("FINEGEMM_FP4_LEAN_EXPAND",
                     {{"", -1}, {"serial", 0}, {"batched", 1}, {"split", 2}, {"consumers", 3}},
                     {"1", "Batched", "ilp", "consumer"}, [] { return cuda::fp4_lean_expand_mode(); });
+  check_switch<int>("FINEGEMM_FP4_LEAN_PACKED_ISSUER", {{"", 0}, {"0", 0}, {"32", 32}}, {"1", "127", "-1", "32x", "warp1"},
+                    [] { return cuda::fp4_lean_packed_issuer(); });
   // Unset: the consumers at grouped 128-row tiles, the batched producers elsewhere; a set mode wins everywhere.
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 128, true), 3);
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 192, true), 1);

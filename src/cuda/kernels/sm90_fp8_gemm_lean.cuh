@@ -208,7 +208,7 @@ struct LeanStreamWalk {
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
           bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false, bool kStreamK = false,
-          bool kRingTrace = false>
+          bool kRingTrace = false, int kPackedIssuer = 0>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -416,6 +416,11 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       const int e = kProducerWGs == 2 ? e_all & 127 : e_all;
       const int half = kProducerWGs == 2 ? e_all >> 7 : 0;
       const bool issuer = e_all == 0;
+      // kPackedIssuer (FINEGEMM_FP4_LEAN_PACKED_ISSUER, an experiment): that producer thread issues the packed tiles'
+      // loads; 0 (the default): thread 0 issues A's and the packed tile's back to back.
+      static_assert(kPackedIssuer == 0 || (kPackedIssuer > 0 && kPackedIssuer < 128 && !kRingTrace),
+                    "kPackedIssuer: a producer thread of the first warpgroup, not with kRingTrace");
+      const bool packed_issuer = kPackedIssuer == 0 ? issuer : e_all == kPackedIssuer;
       if (issuer) {
         ptx::prefetch_tensor_map(&tma_a);
         ptx::prefetch_tensor_map(&tma_b);
@@ -450,7 +455,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           load_t += static_cast<int>(gridDim.x);
         }
       };
-      if (issuer)
+      if (packed_issuer)
         for (int i = 0; i < kAhead; ++i) issue_packed();
       uint32_t lap_count = 0, item = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
@@ -483,9 +488,11 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 if constexpr (kBulkA)
                   ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
                 lean_ring_stamp<kRingTrace>(ring, item, kRingP0AIssued);
-                issue_packed();
+                if constexpr (kPackedIssuer == 0) issue_packed();
                 lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
               }
+              if constexpr (kPackedIssuer != 0)
+                if (packed_issuer) issue_packed();
               const uint32_t w = w_next;
               const int emax = emax_next;
               if (kb + 1 < num_kb) {
@@ -1130,13 +1137,14 @@ __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1
 }
 
 // kRingTrace: the diagnostic build that stamps its ring (LeanFp4B::ring_trace; FINEGEMM_FP4_LEAN_TRACE_FILE).
-template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false>
+// kPackedIssuer: the producer thread that issues the packed tiles (FINEGEMM_FP4_LEAN_PACKED_ISSUER; 0: thread 0).
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false, int kPackedIssuer = 0>
 __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1)
     sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
                                  const LeanFp4B fp4) {
-  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand, false, false, false, false, false, kRingTrace>(
-      tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
+  lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand, false, false, false, false, false, kRingTrace,
+                 kPackedIssuer>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

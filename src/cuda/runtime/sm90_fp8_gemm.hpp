@@ -234,6 +234,13 @@ int fp4_lean_expand_mode();
 // The expansion a launch takes under fp4_lean_expand_mode() == mode: mode itself where set, else the consumers (3) for
 // grouped 128-row tiles and the batched producers (1) elsewhere.
 int fp4_lean_expand_for(int mode, int block_m, bool grouped);
+// FINEGEMM_FP4_LEAN_PACKED_ISSUER (an experiment, off): the producer thread that issues the grouped 192-row FP4 lean
+// kernel's packed tile loads with the batched expansion and A scales (the DeepSeek-V3 FP4 experts' kernel from 96 rows
+// per expert): unset or "0" thread 0 (which issues A's too), "32" warp 1's first thread. Other values throw, naming
+// the switch. Other kernels ignore it.
+int fp4_lean_packed_issuer();
+// Launches of the kernel that FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 selects, since the process started.
+long long lean_fp4_packed_issuer_launches();
 // How many FP4 lean launches this process has made (dense and grouped; tests check that the switch took them).
 long long lean_fp4_launches();
 

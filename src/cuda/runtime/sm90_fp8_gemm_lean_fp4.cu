@@ -16,6 +16,7 @@ namespace finegemm::cuda {
 namespace {
 
 std::atomic<long long> lean_fp4_launch_count{0};
+std::atomic<long long> lean_fp4_packed_issuer_count{0};
 
 // Dense calls take 128-row tiles at four stages: the packed ring (57 KB) beside five stages and the staging tiles
 // would pass the 227 KB of shared memory, as would 256-row tiles at three.
@@ -136,6 +137,20 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
       FG_CUDA_CHECK(cudaGetLastError());
       lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
       ring_trace_end(ring, q, grid, stream);
+      return;
+    }
+    // FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 (an experiment): warp 1's first thread issues the packed tiles, thread 0 A's.
+    // Stop 54's ring trace had thread 0's packed copy, issued right after A's, stall ~640 cycles every K block, with
+    // thread 0 about three K blocks behind the other producers.
+    if (fp4_lean_packed_issuer() == 32) {
+      auto moved = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 32>;
+      static std::atomic<bool> moved_attribute_set[kMaxDevices] = {};
+      allow_max_smem_once(moved, moved_attribute_set, device);
+      moved<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
+              stream>>>(tma_a, tma_b, q, sched, fp4);
+      FG_CUDA_CHECK(cudaGetLastError());
+      lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+      lean_fp4_packed_issuer_count.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   }
@@ -265,6 +280,17 @@ int fp4_lean_expand_for(int mode, int block_m, bool grouped) {
   if (mode >= 0) return mode;
   return grouped && block_m == 128 ? 3 : 1;
 }
+
+int fp4_lean_packed_issuer() {
+  const char* env = std::getenv("FINEGEMM_FP4_LEAN_PACKED_ISSUER");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return 0;
+  if (v == "32") return 32;
+  throw Error("FINEGEMM_FP4_LEAN_PACKED_ISSUER: expected 0 (thread 0, the default) or 32 (warp 1's first thread), got '" +
+              v + "'");
+}
+
+long long lean_fp4_packed_issuer_launches() { return lean_fp4_packed_issuer_count.load(std::memory_order_relaxed); }
 
 long long lean_fp4_launches() { return lean_fp4_launch_count.load(std::memory_order_relaxed); }
 
