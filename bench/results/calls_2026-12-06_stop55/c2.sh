@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stop 55, call 2 (carry [".snap/prebuilt.txz", ".snap/c2.sh"]; <= ~570 s; call 1 never got a device, so this one
-# carries its parts): binaries of HEAD with FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 (warp 1's first producer thread issues
+# Stop 55, the planned call (carry [".snap/prebuilt.txz", ".snap/c2.sh"]; <= ~570 s; never run: stop 55 got no device;
+# binaries of HEAD with FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 (warp 1's first producer thread issues
 # the grouped 192-row FP4 lean kernel's packed tiles; thread 0 keeps A's).
 # In this order: (1) the TMA issue probe (bench/micro/tma_issue.cu, first run); (4) the A/B; (3) the rows; (5); (2) tests: the crafted-spread MoE test (with the new
 # switch's same-bits check) under stop 54 call 6's filter and seed, the switch's parsing; (3) DeepSeek-V3 FP8 and FP4

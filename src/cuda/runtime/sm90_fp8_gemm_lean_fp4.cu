@@ -112,9 +112,6 @@ template <int BLOCK_M, int kStages, bool kAScale, int kExpand>
 void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, const GroupedLayout& layout,
                     const GemmParams& q, const LeanFp4B& fp4, int device, cudaStream_t stream) {
   using L = LeanGemm<BLOCK_M, kStages>;
-  auto kernel = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand>;
-  static std::atomic<bool> attribute_set[kMaxDevices] = {};
-  allow_max_smem_once(kernel, attribute_set, device);
   const CUtensorMap tma_a = make_tma_2d(a, q.m, q.k, lda, BLOCK_M);
   const CUtensorMap tma_b = packed_map(b, int64_t{layout.num_groups} * q.n, q.k, ldb);
   typename L::Sched sched;
@@ -125,17 +122,20 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
   sched.num_n_blocks = ceil_div(q.n, kLeanBlockN);
   sched.num_k_blocks = q.k / kGemmBlockK;
   const int grid = num_sms_of_device(device);
+  // One build of the kernel (the default, the traced one, the moved packed issuer), each with its own attribute flags.
+  auto run = [&](auto build, std::atomic<bool> (&attribute_flags)[kMaxDevices], const LeanFp4B& args) {
+    allow_max_smem_once(build, attribute_flags, device);
+    build<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
+            stream>>>(tma_a, tma_b, q, sched, args);
+    FG_CUDA_CHECK(cudaGetLastError());
+    lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+  };
   if constexpr (BLOCK_M == 192 && kAScale && kExpand == 1) {
     if (LeanRingStamps* ring = ring_trace_begin(grid, stream)) {
-      auto traced = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>;
       static std::atomic<bool> traced_attribute_set[kMaxDevices] = {};
-      allow_max_smem_once(traced, traced_attribute_set, device);
       LeanFp4B stamped = fp4;
       stamped.ring_trace = ring;
-      traced<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
-               stream>>>(tma_a, tma_b, q, sched, stamped);
-      FG_CUDA_CHECK(cudaGetLastError());
-      lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>, traced_attribute_set, stamped);
       ring_trace_end(ring, q, grid, stream);
       return;
     }
@@ -143,21 +143,14 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
     // Stop 54's ring trace had thread 0's packed copy, issued right after A's, stall ~640 cycles every K block, with
     // thread 0 about three K blocks behind the other producers.
     if (fp4_lean_packed_issuer() == 32) {
-      auto moved = sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 32>;
       static std::atomic<bool> moved_attribute_set[kMaxDevices] = {};
-      allow_max_smem_once(moved, moved_attribute_set, device);
-      moved<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
-              stream>>>(tma_a, tma_b, q, sched, fp4);
-      FG_CUDA_CHECK(cudaGetLastError());
-      lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 32>, moved_attribute_set, fp4);
       lean_fp4_packed_issuer_count.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   }
-  kernel<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
-           stream>>>(tma_a, tma_b, q, sched, fp4);
-  FG_CUDA_CHECK(cudaGetLastError());
-  lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
+  static std::atomic<bool> attribute_set[kMaxDevices] = {};
+  run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand>, attribute_set, fp4);
 }
 
 }  // namespace
