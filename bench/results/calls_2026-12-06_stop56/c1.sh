@@ -23,7 +23,7 @@ for l in sys.stdin:
     r = json.loads(l); print("  M=%-5d N=%-6d K=%-6d %-18s graph=%8.2f us event=%8.2f rel=%.2e" % (r["m"], r["n"], r["k"], r["variant"], r["us_graph"] or 0, r["us"] or 0, r["rel_err"] or 0))'; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 H200=0; grep -q H200 $W/gpu.txt && H200=1
-timeout 60 $B/bench/micro_tma_issue >$W/tma_issue.txt 2>&1; echo "-- tma_issue rc=$? $(el)"; tail -8 $W/tma_issue.txt
+timeout 60 $B/bench/micro_tma_issue >$W/tma_issue.txt 2>&1; echo "-- tma_issue rc=$? $(el)"; tail -12 $W/tma_issue.txt
 for round in 1 2; do
   for pi in 0 32; do
     FINEGEMM_FP4_LEAN_PACKED_ISSUER=$pi timeout 45 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ab_${pi}_$round.jsonl 2>$W/ab_${pi}_$round.err
