@@ -1918,6 +1918,15 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
           EXPECT_EQ(cuda::lean_fp4_packed_issuer_launches() - moved_before, 2) << "the gate_up and down GEMMs";
           EXPECT_EQ(moved.bytes, lean_out.bytes) << "FINEGEMM_FP4_LEAN_PACKED_ISSUER=32: not thread 0's bits";
         }
+        // Two packed K blocks per copy (FINEGEMM_FP4_LEAN_PACKED_PAIRS=1; the same kernel, 128 x 128-byte boxes): the
+        // same bits. Both GEMMs have an even number of K blocks here (hidden 512: 4, inter 256: 2), so both take it.
+        if (served && std::string(height) == "192" && std::string(order) == "batched") {
+          const ScopedEnv pairs("FINEGEMM_FP4_LEAN_PACKED_PAIRS", "1");
+          const long long pairs_before = cuda::lean_fp4_packed_pairs_launches();
+          const Buffer paired = run_moe(f, target());
+          EXPECT_EQ(cuda::lean_fp4_packed_pairs_launches() - pairs_before, 2) << "the gate_up and down GEMMs";
+          EXPECT_EQ(paired.bytes, lean_out.bytes) << "FINEGEMM_FP4_LEAN_PACKED_PAIRS=1: not one copy per K block's bits";
+        }
       }
       // The wide scan on the grouped lean kernel's scan-only calls (FINEGEMM_FP4_EXPAND_WIDE=2, stop 43; the default
       // since stop 44): the tiles scan's bits (FINEGEMM_FP4_EXPAND_WIDE=0), where every tile folds (the lean kernel

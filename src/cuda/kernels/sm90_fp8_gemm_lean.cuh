@@ -208,7 +208,7 @@ struct LeanStreamWalk {
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
           bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false, bool kStreamK = false,
-          bool kRingTrace = false, int kPackedIssuer = 0>
+          bool kRingTrace = false, int kPackedIssuer = 0, int kPackedKb = 1>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -253,6 +253,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 "kStreamK: the dense E4M3 lean kernel, unpaired, ungated, the consumers loading the B scales");
   static_assert(!kRingTrace || (kFp4B && !kConsumerExpand && kProducerWGs == 1 && L::kWGs == 3),
                 "kRingTrace: the 192-row FP4 lean kernel with one expanding producer warpgroup");
+  static_assert(kPackedKb == 1 || (kPackedKb == 2 && kFp4B && kBatched && !kConsumerExpand && !kRingTrace &&
+                                   kPackedIssuer == 0 && kProducerWGs == 1),
+                "kPackedKb 2: the batched FP4 producers, thread 0 issuing, untraced");
   LeanRingStamps* const ring = kRingTrace ? fp4.ring_trace : nullptr;
   if constexpr (kFp4B || kGated || kGrouped) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves. The
@@ -409,7 +412,14 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       // TMA loads: A per stage, and the packed tiles in their own ring, kAhead K blocks ahead of the expansion
       // (across tiles: item i is the CTA's (i / num_kb)-th tile's K block i % num_kb).
       constexpr int R = L::kRawStages;
-      constexpr int kAhead = kBatched ? R - 2 : R - 1;  // packed tiles in flight ahead of the expansion
+      // kPackedKb 2 (FINEGEMM_FP4_LEAN_PACKED_PAIRS, an experiment): one copy brings two K blocks, a 128-row x
+      // 128-byte box (128-byte swizzle, K blocks 2i and 2i + 1 side by side in each row) into a slot of 16 KB; RP such
+      // slots of the ring's 7 x 8 KB. The host takes it only where every tile has an even number of K blocks, so that
+      // item 2i and 2i + 1 share copy i. kAhead in K blocks: copy i (positions 2i, 2i + 1) is issued at position 2i,
+      // kAhead items ahead of the expansion, and reuses copy i - RP's slot, whose last item 2i - 2 RP + 1 must already
+      // be expanded by the issuer itself: kAhead <= 2 RP - 2.
+      constexpr int RP = kPackedKb == 2 ? R / 2 : R;
+      constexpr int kAhead = kPackedKb == 2 ? 2 * RP - 2 : kBatched ? R - 2 : R - 1;  // ahead of the expansion
       constexpr bool kBulkA = kAScale && !kGrouped;
       // Thread e's row of the B tile (e itself with one producer warpgroup) and, with two, its half of the row's groups.
       const int e_all = static_cast<int>(threadIdx.x) - L::kConsumerThreads;
@@ -428,14 +438,22 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       // Counts as unsigned: the ring slot and phase by mask and shift.
       uint32_t issued = 0;
       int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
-      const uint32_t packed_row = ptx::smem_addr(smem_packed) + static_cast<uint32_t>(lean_fp4_packed_row(e));
+      const uint32_t packed_row =
+          ptx::smem_addr(smem_packed) + static_cast<uint32_t>(kPackedKb == 2 ? lean_fp4_e4m3_row(e) : lean_fp4_packed_row(e));
       const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(e));
       // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile (item
       // issued - R: with kAhead = R - 1 the one being expanded before this one, with R - 2 the one before that).
       auto issue_packed = [&]() {
         if (load_t >= num_tiles) return;
-        const uint32_t slot = issued % R;
-        if (issued >= R) ptx::mbar_wait(&packed_empty[slot], (issued / R - 1) & 1u);
+        if (kPackedKb == 2 && (load_kb & 1) != 0) {  // the second K block of a copy already issued
+          if (++load_kb == num_kb) {
+            load_kb = 0;
+            load_t += static_cast<int>(gridDim.x);
+          }
+          return;
+        }
+        const uint32_t slot = issued % RP;
+        if (issued >= RP) ptx::mbar_wait(&packed_empty[slot], (issued / RP - 1) & 1u);
         // The tile's B row once per tile, not per K block: for the grouped kernels tile_of is the scheduler's binary
         // search over the experts (eight dependent shared loads at 256 experts) and a division, and the issuing
         // thread expands a row too, so every K block of the stage waited for it. ncu at stop 53 (H100, DeepSeek-V3
@@ -446,9 +464,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           const Tile lt = tile_of(load_t);
           *packed_b_row = lt.group * p.n + lt.n0;
         }
-        ptx::mbar_arrive_expect_tx(&packed_full[slot], L::kStageRaw);
-        ptx::tma_load_2d(smem_packed + slot * L::kStageRaw, &tma_b, &packed_full[slot], load_kb * (kGemmBlockK / 2),
-                         *packed_b_row);
+        ptx::mbar_arrive_expect_tx(&packed_full[slot], kPackedKb * L::kStageRaw);
+        ptx::tma_load_2d(smem_packed + slot * (kPackedKb * L::kStageRaw), &tma_b, &packed_full[slot],
+                         load_kb * (kGemmBlockK / 2), *packed_b_row);
         ++issued;
         if (++load_kb == num_kb) {
           load_kb = 0;
@@ -499,14 +517,17 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 w_next = __ldg(scale_words + (s_off + kb + 1));
                 emax_next = __ldg(fp4.tile_emax + (e_off + kb + 1));
               }
-              const uint32_t slot = item % R;
+              const uint32_t copy = kPackedKb == 2 ? item >> 1 : item;  // the packed copy holding this K block
+              const uint32_t slot = copy % RP;
               if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Issued);
-              ptx::mbar_wait(&packed_full[slot], (item / R) & 1u);
+              ptx::mbar_wait(&packed_full[slot], (copy / RP) & 1u);
               if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Packed);
               // Shared addresses of this row's chunks: the row's term plus the slot's and stage's bases, each chunk one
               // XOR on (lean_fp4_packed_row, lean_fp4_e4m3_row). Opaque to ptxas: with the chunk offsets in sight it
               // kept all twelve per row in registers across the loop and spilled the 40-register producer.
-              uint32_t packed_at = packed_row + slot * L::kStageRaw;
+              // kPackedKb 2: the row's 128 bytes hold K block 2i's chunks (0-3) and 2i + 1's (4-7), 128-byte swizzle.
+              uint32_t packed_at = kPackedKb == 2 ? (packed_row + slot * (2 * L::kStageRaw)) ^ ((item & 1u) << 6)
+                                                  : packed_row + slot * L::kStageRaw;
               uint32_t e4m3_at = e4m3_row + static_cast<uint32_t>(s * L::kStageB);
               asm volatile("" : "+r"(packed_at), "+r"(e4m3_at));
               if constexpr (kExpand == 2) {
@@ -547,7 +568,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
               if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Arrive);
               if (kRingTrace && e_all == 127) lean_ring_stamp<kRingTrace>(ring, item, kRingPLastArrive);
               ptx::mbar_arrive(&full[s]);
-              ptx::mbar_arrive(&packed_empty[slot]);
+              if (kPackedKb == 1 || (item & 1u) != 0) ptx::mbar_arrive(&packed_empty[slot]);
               ++item;
             } else {
               ptx::mbar_arrive(&full[s]);  // a pad stage of the tile's last lap: no data
@@ -1138,13 +1159,16 @@ __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1
 
 // kRingTrace: the diagnostic build that stamps its ring (LeanFp4B::ring_trace; FINEGEMM_FP4_LEAN_TRACE_FILE).
 // kPackedIssuer: the producer thread that issues the packed tiles (FINEGEMM_FP4_LEAN_PACKED_ISSUER; 0: thread 0).
-template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false, int kPackedIssuer = 0>
+// kPackedKb: K blocks per packed copy (FINEGEMM_FP4_LEAN_PACKED_PAIRS; 2: tma_b in 128 x 128-byte boxes, 128-byte
+// swizzle, and every tile an even number of K blocks).
+template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false, int kPackedIssuer = 0,
+          int kPackedKb = 1>
 __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1)
     sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
                                  const LeanFp4B fp4) {
   lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand, false, false, false, false, false, kRingTrace,
-                 kPackedIssuer>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
+                 kPackedIssuer, kPackedKb>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

@@ -241,6 +241,12 @@ int fp4_lean_expand_for(int mode, int block_m, bool grouped);
 int fp4_lean_packed_issuer();
 // Launches of the kernel that FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 selects, since the process started.
 long long lean_fp4_packed_issuer_launches();
+// FINEGEMM_FP4_LEAN_PACKED_PAIRS (an experiment, off): "1" loads the same kernel's packed weights two K blocks per
+// copy (128 rows x 128 bytes) where the call's K blocks are even in number (the issuer's cost per copy, stop 54);
+// unset or "0" one per K block. Other values throw, naming the switch. FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 wins over it.
+bool fp4_lean_packed_pairs();
+// Launches of the kernel that FINEGEMM_FP4_LEAN_PACKED_PAIRS=1 selects, since the process started.
+long long lean_fp4_packed_pairs_launches();
 // How many FP4 lean launches this process has made (dense and grouped; tests check that the switch took them).
 long long lean_fp4_launches();
 

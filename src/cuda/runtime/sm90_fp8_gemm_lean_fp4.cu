@@ -17,6 +17,7 @@ namespace {
 
 std::atomic<long long> lean_fp4_launch_count{0};
 std::atomic<long long> lean_fp4_packed_issuer_count{0};
+std::atomic<long long> lean_fp4_packed_pairs_count{0};
 
 // Dense calls take 128-row tiles at four stages: the packed ring (57 KB) beside five stages and the staging tiles
 // would pass the 227 KB of shared memory, as would 256-row tiles at three.
@@ -122,11 +123,13 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
   sched.num_n_blocks = ceil_div(q.n, kLeanBlockN);
   sched.num_k_blocks = q.k / kGemmBlockK;
   const int grid = num_sms_of_device(device);
-  // One build of the kernel (the default, the traced one, the moved packed issuer), each with its own attribute flags.
-  auto run = [&](auto build, std::atomic<bool> (&attribute_flags)[kMaxDevices], const LeanFp4B& args) {
+  // One build of the kernel (the default, the traced one, the moved packed issuer, the packed pairs), each with its
+  // own attribute flags.
+  auto run = [&](auto build, std::atomic<bool> (&attribute_flags)[kMaxDevices], const LeanFp4B& args,
+                 const CUtensorMap& packed) {
     allow_max_smem_once(build, attribute_flags, device);
     build<<<grid, lean_fp4_threads<BLOCK_M, kStages>(kExpand), fp4_smem<BLOCK_M, kStages>(true, q.k / kGemmBlockK),
-            stream>>>(tma_a, tma_b, q, sched, args);
+            stream>>>(tma_a, packed, q, sched, args);
     FG_CUDA_CHECK(cudaGetLastError());
     lean_fp4_launch_count.fetch_add(1, std::memory_order_relaxed);
   };
@@ -135,7 +138,7 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
       static std::atomic<bool> traced_attribute_set[kMaxDevices] = {};
       LeanFp4B stamped = fp4;
       stamped.ring_trace = ring;
-      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>, traced_attribute_set, stamped);
+      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>, traced_attribute_set, stamped, tma_b);
       ring_trace_end(ring, q, grid, stream);
       return;
     }
@@ -144,13 +147,23 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
     // thread 0 about three K blocks behind the other producers.
     if (fp4_lean_packed_issuer() == 32) {
       static std::atomic<bool> moved_attribute_set[kMaxDevices] = {};
-      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 32>, moved_attribute_set, fp4);
+      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 32>, moved_attribute_set, fp4, tma_b);
       lean_fp4_packed_issuer_count.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // FINEGEMM_FP4_LEAN_PACKED_PAIRS=1 (an experiment): one packed copy per two K blocks, a 128 x 128-byte box (the
+    // rows' 64 bytes of K blocks 2i and 2i + 1 side by side), where every tile has an even number of K blocks. If a
+    // copy's issue costs per copy or per 64-byte row (stop 54's ~640 cycles per K block), this halves it.
+    if (fp4_lean_packed_pairs() && (q.k / kGemmBlockK) % 2 == 0) {
+      static std::atomic<bool> pairs_attribute_set[kMaxDevices] = {};
+      const CUtensorMap pairs = make_tma_2d(b, int64_t{layout.num_groups} * q.n, q.k / 2, ldb, kLeanBlockN, 128);
+      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 0, 2>, pairs_attribute_set, fp4, pairs);
+      lean_fp4_packed_pairs_count.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   }
   static std::atomic<bool> attribute_set[kMaxDevices] = {};
-  run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand>, attribute_set, fp4);
+  run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand>, attribute_set, fp4, tma_b);
 }
 
 }  // namespace
@@ -282,6 +295,17 @@ int fp4_lean_packed_issuer() {
   throw Error("FINEGEMM_FP4_LEAN_PACKED_ISSUER: expected 0 (thread 0, the default) or 32 (warp 1's first thread), got '" +
               v + "'");
 }
+
+bool fp4_lean_packed_pairs() {
+  const char* env = std::getenv("FINEGEMM_FP4_LEAN_PACKED_PAIRS");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("FINEGEMM_FP4_LEAN_PACKED_PAIRS: expected 0 (one packed copy per K block, the default) or 1 (one per two "
+              "K blocks), got '" + v + "'");
+}
+
+long long lean_fp4_packed_pairs_launches() { return lean_fp4_packed_pairs_count.load(std::memory_order_relaxed); }
 
 long long lean_fp4_packed_issuer_launches() { return lean_fp4_packed_issuer_count.load(std::memory_order_relaxed); }
 
