@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 56, call 1 (stop 55's planned call c2.sh, plus WarpStateStats in the ncu step; carry [".snap/prebuilt.txz", ".snap/c1.sh"]; <= ~570 s;
+# Stop 56, call 1 (stop 55's planned call c2.sh, plus WarpStateStats in the ncu step, the packed pairs in the A/B, no T = 16384; carry [".snap/prebuilt.txz", ".snap/c1.sh"]; <= ~570 s;
 # binaries of HEAD with FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 (warp 1's first producer thread issues
 # the grouped 192-row FP4 lean kernel's packed tiles; thread 0 keeps A's).
 # In this order: (1) the TMA issue probe (bench/micro/tma_issue.cu, first run); (4) the A/B; (3) the rows; (5); (2) tests: the crafted-spread MoE test (with the new
@@ -25,9 +25,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 H200=0; grep -q H200 $W/gpu.txt && H200=1
 timeout 60 $B/bench/micro_tma_issue >$W/tma_issue.txt 2>&1; echo "-- tma_issue rc=$? $(el)"; tail -12 $W/tma_issue.txt
 for round in 1 2; do
-  for pi in 0 32; do
-    FINEGEMM_FP4_LEAN_PACKED_ISSUER=$pi timeout 45 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ab_${pi}_$round.jsonl 2>$W/ab_${pi}_$round.err
-    echo "-- FP4 T=4096 PACKED_ISSUER=$pi round $round rc=$? $(el)"; show $W/ab_${pi}_$round.jsonl
+  for v in 0 32 pairs; do
+    pi=$v; pp=0; [ $v = pairs ] && pi=0 && pp=1
+    FINEGEMM_FP4_LEAN_PACKED_ISSUER=$pi FINEGEMM_FP4_LEAN_PACKED_PAIRS=$pp timeout 45 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ab_${v}_$round.jsonl 2>$W/ab_${v}_$round.err
+    echo "-- FP4 T=4096 PACKED_ISSUER=$pi PACKED_PAIRS=$pp round $round rc=$? $(el)"; show $W/ab_${v}_$round.jsonl
   done
 done
 timeout 90 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1,16,4096 --recipes dynamic,fp4 --check-tokens 1 >$W/moe.jsonl 2>$W/moe.err
@@ -54,10 +55,6 @@ if [ $H200 = 1 ] && left 400; then
   grep -E "^  [a-z_0-9]+.*gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|Memory Throughput|L2 Hit Rate|dram__bytes|gmma|SM Frequency|per_second" $R.txt | cut -c1-150 | head -30
   ncu -i $R.ncu-rep --page raw 2>/dev/null | grep -E "issue_stalled_[a-z_]+_per_issue_active.ratio|Warp Cycles Per|^  [a-z_0-9]+.*gemm" >$R.stall.txt; grep -E "gemm" $R.stall.txt | cut -c1-120; grep stalled $R.stall.txt | sort -k3 -g -r | head -14
   rm -f $R.ncu-rep
-fi
-if [ $H200 = 1 ] && left 460; then
-  timeout 70 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 16384 --recipes dynamic,fp4 --check-tokens 1 >$W/moe_16k.jsonl 2>$W/moe_16k.err
-  echo "-- T=16384 rc=$? $(el)"; show $W/moe_16k.jsonl
 fi
 if left 480; then
   FINEGEMM_FP4_LEAN_TRACE_FILE=$W/ring.txt timeout 30 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ring.jsonl 2>$W/ring.err
