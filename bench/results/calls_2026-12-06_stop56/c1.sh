@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 56, call 1 (stop 55's planned call c2.sh, plus WarpStateStats in the ncu step, the packed pairs in the A/B, no T = 16384; carry [".snap/prebuilt.txz", ".snap/c1.sh"]; <= ~570 s;
+# Stop 56, call 1 (order: probe, A/B, tests, the MoE rows, ncu (H200), dense, decode, traces; stop 55's planned call c2.sh, plus WarpStateStats in the ncu step, the packed pairs in the A/B, no T = 16384; carry [".snap/prebuilt.txz", ".snap/c1.sh"]; <= ~570 s;
 # binaries of HEAD with FINEGEMM_FP4_LEAN_PACKED_ISSUER=32 (warp 1's first producer thread issues
 # the grouped 192-row FP4 lean kernel's packed tiles; thread 0 keeps A's).
 # In this order: (1) the TMA issue probe (bench/micro/tma_issue.cu, first run); (4) the A/B; (3) the rows; (5); (2) tests: the crafted-spread MoE test (with the new
@@ -31,21 +31,15 @@ for round in 1 2; do
     echo "-- FP4 T=4096 PACKED_ISSUER=$pi PACKED_PAIRS=$pp round $round rc=$? $(el)"; show $W/ab_${v}_$round.jsonl
   done
 done
-timeout 90 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1,16,4096 --recipes dynamic,fp4 --check-tokens 1 >$W/moe.jsonl 2>$W/moe.err
-echo "-- DeepSeek-V3 T=1,16,4096 rc=$? $(el)"; show $W/moe.jsonl
-for rep in 1 2; do
-  timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants mxfp4-group128,block-fp32-dynamic >$W/dense_$rep.jsonl 2>$W/dense_$rep.err
-done
-echo "-- dense prefill $(el)"; lin $W/dense_*.jsonl
-timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 1,16,64 --nk 4096:7168,24576:1536,7168:16384 --variants block-fp32-dynamic,mxfp4-group128 >$W/decode.jsonl 2>$W/decode.err
-echo "-- decode rc=$? $(el)"; lin $W/decode.jsonl
-if left 330; then
+if left 300; then
   FINEGEMM_TEST_SEED=18343406184352838198 timeout 90 $B/tests/test_cuda_fp4 --gtest_filter='*Lean*:Fp4Scan*:*Grouped*:*CraftedSpread*' >$W/test_fp4_seed.txt 2>&1
   echo "-- test_cuda_fp4 lean/scan/grouped/crafted (stop 54 call 6's seed) rc=$? $(el)"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|actual|Which is|PACKED" $W/test_fp4_seed.txt | head -12
   timeout 30 $B/tests/test_cuda_linear --gtest_filter='GemmConfig.LeanPairAndFp4ExpandSwitches' >$W/test_switch.txt 2>&1; echo "-- switch test rc=$? $(el)"; grep -E "^\[  (PASSED|FAILED) " $W/test_switch.txt
 fi
-if [ $H200 = 1 ] && left 400; then
+timeout 90 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1,16,4096 --recipes dynamic,fp4 --check-tokens 1 >$W/moe.jsonl 2>$W/moe.err
+echo "-- DeepSeek-V3 T=1,16,4096 rc=$? $(el)"; show $W/moe.jsonl
+if [ $H200 = 1 ] && left 330; then
   R=$W/ncu_fp8
   timeout 100 ncu --clock-control none -k "regex:gemm" --launch-count 2 -f -o $R --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg.per_second \
@@ -56,6 +50,12 @@ if [ $H200 = 1 ] && left 400; then
   ncu -i $R.ncu-rep --page raw 2>/dev/null | grep -E "issue_stalled_[a-z_]+_per_issue_active.ratio|Warp Cycles Per|^  [a-z_0-9]+.*gemm" >$R.stall.txt; grep -E "gemm" $R.stall.txt | cut -c1-120; grep stalled $R.stall.txt | sort -k3 -g -r | head -14
   rm -f $R.ncu-rep
 fi
+for rep in 1 2; do
+  timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants mxfp4-group128,block-fp32-dynamic >$W/dense_$rep.jsonl 2>$W/dense_$rep.err
+done
+echo "-- dense prefill $(el)"; lin $W/dense_*.jsonl
+timeout 60 $B/bench/bench_cuda_linear --m-major-scales --m 1,16,64 --nk 4096:7168,24576:1536,7168:16384 --variants block-fp32-dynamic,mxfp4-group128 >$W/decode.jsonl 2>$W/decode.err
+echo "-- decode rc=$? $(el)"; lin $W/decode.jsonl
 if left 480; then
   FINEGEMM_FP4_LEAN_TRACE_FILE=$W/ring.txt timeout 30 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 1 >$W/ring.jsonl 2>$W/ring.err
   echo "-- FP4 ring trace rc=$? $(el) $(wc -l <$W/ring.txt 2>/dev/null) lines"
