@@ -37,12 +37,12 @@ if [ $H200 = 1 ]; then
     timeout 50 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes dynamic,fp4 --check-tokens 1 >$W/moe_$round.jsonl 2>$W/moe_$round.err
     echo "-- H200 DeepSeek-V3 T=4096 round $round rc=$? $(el)"; show $W/moe_$round.jsonl
   done
-  for rep in 1 2; do
+  for rep in 1; do
     timeout 50 $B/bench/bench_cuda_linear --m-major-scales --m 4096 --nk 4096:7168,7168:16384 --variants mxfp4-group128,block-fp32-dynamic >$W/dense_$rep.jsonl 2>$W/dense_$rep.err
   done
   echo "-- H200 dense prefill $(el)"; lin $W/dense_*.jsonl
 fi
-if [ $H200 = 1 ] && left 200; then
+if [ $H200 = 1 ] && left 150; then
   R=$W/ncu_fp8
   timeout 110 ncu --clock-control none -k "regex:gemm" --launch-count 2 -f -o $R --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg.per_second \
