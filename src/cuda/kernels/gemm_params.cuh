@@ -230,7 +230,7 @@ struct GemmParams {
 // stamps kRingStamp*. Every stamp is taken by one thread: producer thread 0 (which also issues the TMA loads), the
 // producer warpgroup's last thread, consumer thread 0 (warpgroup 0, never idle) and warpgroup 2's thread 0.
 inline constexpr int kLeanRingItems = 160;
-inline constexpr int kLeanRingStamps = 12;
+inline constexpr int kLeanRingStamps = 14;
 enum LeanRingStamp : int {
   kRingP0EmptyWait = 0,   // producer 0: before the stage's empty wait
   kRingP0Free = 1,        // producer 0: the stage is free (after the wait)
@@ -244,6 +244,8 @@ enum LeanRingStamp : int {
   kRingC2Full = 9,        // warpgroup 2's thread 0: the stage is full (idle or not)
   kRingP0AIssued = 10,    // producer 0: after A's TMA
   kRingP0PackedIssued = 11,  // producer 0: after issue_packed (the next packed tile's TMA)
+  kRingP0PackedFree = 12,    // producer 0, in issue_packed: the packed slot is free (after its empty wait)
+  kRingP0PackedRow = 13,     // producer 0, in issue_packed: past the tile's B row lookup (tile_of, once per tile)
 };
 struct LeanRingStamps {
   unsigned long long t[kLeanRingStamps];

@@ -443,7 +443,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(e));
       // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile (item
       // issued - R: with kAhead = R - 1 the one being expanded before this one, with R - 2 the one before that).
-      auto issue_packed = [&]() {
+      // at (kRingTrace): the item whose stamps take issue_packed's inner steps (kRingP0PackedFree, kRingP0PackedRow).
+      auto issue_packed = [&](uint32_t at = ~0u) {
         if (load_t >= num_tiles) return;
         if (kPackedKb == 2 && (load_kb & 1) != 0) {  // the second K block of a copy already issued
           if (++load_kb == num_kb) {
@@ -454,6 +455,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         }
         const uint32_t slot = issued % RP;
         if (issued >= RP) ptx::mbar_wait(&packed_empty[slot], (issued / RP - 1) & 1u);
+        if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedFree);
         // The tile's B row once per tile, not per K block: for the grouped kernels tile_of is the scheduler's binary
         // search over the experts (eight dependent shared loads at 256 experts) and a division, and the issuing
         // thread expands a row too, so every K block of the stage waited for it. ncu at stop 53 (H100, DeepSeek-V3
@@ -464,6 +466,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           const Tile lt = tile_of(load_t);
           *packed_b_row = lt.group * p.n + lt.n0;
         }
+        if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedRow);
         ptx::mbar_arrive_expect_tx(&packed_full[slot], kPackedKb * L::kStageRaw);
         ptx::tma_load_2d(smem_packed + slot * (kPackedKb * L::kStageRaw), &tma_b, &packed_full[slot],
                          load_kb * (kGemmBlockK / 2), *packed_b_row);
@@ -506,7 +509,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 if constexpr (kBulkA)
                   ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
                 lean_ring_stamp<kRingTrace>(ring, item, kRingP0AIssued);
-                if constexpr (kPackedIssuer == 0) issue_packed();
+                if constexpr (kPackedIssuer == 0) issue_packed(item);
                 lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
               }
               if constexpr (kPackedIssuer != 0)
