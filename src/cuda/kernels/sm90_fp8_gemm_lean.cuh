@@ -446,31 +446,27 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       // at (kRingTrace): the item whose stamps take issue_packed's inner steps (kRingP0PackedFree, kRingP0PackedRow).
       auto issue_packed = [&](uint32_t at = ~0u) {
         if (load_t >= num_tiles) return;
-        if (kPackedKb == 2 && (load_kb & 1) != 0) {  // the second K block of a copy already issued
-          if (++load_kb == num_kb) {
-            load_kb = 0;
-            load_t += static_cast<int>(gridDim.x);
+        // kPackedKb 2: the second K block of a copy comes with the first (no copy of its own).
+        if (kPackedKb == 1 || (load_kb & 1) == 0) {
+          const uint32_t slot = issued % RP;
+          if (issued >= RP) ptx::mbar_wait(&packed_empty[slot], (issued / RP - 1) & 1u);
+          if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedFree);
+          // The tile's B row once per tile, not per K block: for the grouped kernels tile_of is the scheduler's binary
+          // search over the experts (eight dependent shared loads at 256 experts) and a division, and the issuing
+          // thread expands a row too, so every K block of the stage waited for it. ncu at stop 53 (H100, DeepSeek-V3
+          // FP4 gate_up, T = 4096): the issuing warp spent two thirds of its samples in that code and the other three
+          // producer warps waited on the stages' empty barriers, the consumers on their full barriers. The row is kept
+          // in shared memory (packed_b_row): one more register spilled the 56-register producers.
+          if (load_kb == 0) {
+            const Tile lt = tile_of(load_t);
+            *packed_b_row = lt.group * p.n + lt.n0;
           }
-          return;
+          if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedRow);
+          ptx::mbar_arrive_expect_tx(&packed_full[slot], kPackedKb * L::kStageRaw);
+          ptx::tma_load_2d(smem_packed + slot * (kPackedKb * L::kStageRaw), &tma_b, &packed_full[slot],
+                           load_kb * (kGemmBlockK / 2), *packed_b_row);
+          ++issued;
         }
-        const uint32_t slot = issued % RP;
-        if (issued >= RP) ptx::mbar_wait(&packed_empty[slot], (issued / RP - 1) & 1u);
-        if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedFree);
-        // The tile's B row once per tile, not per K block: for the grouped kernels tile_of is the scheduler's binary
-        // search over the experts (eight dependent shared loads at 256 experts) and a division, and the issuing
-        // thread expands a row too, so every K block of the stage waited for it. ncu at stop 53 (H100, DeepSeek-V3
-        // FP4 gate_up, T = 4096): the issuing warp spent two thirds of its samples in that code and the other three
-        // producer warps waited on the stages' empty barriers, the consumers on their full barriers. The row is kept
-        // in shared memory (packed_b_row): one more register spilled the 56-register producers.
-        if (load_kb == 0) {
-          const Tile lt = tile_of(load_t);
-          *packed_b_row = lt.group * p.n + lt.n0;
-        }
-        if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedRow);
-        ptx::mbar_arrive_expect_tx(&packed_full[slot], kPackedKb * L::kStageRaw);
-        ptx::tma_load_2d(smem_packed + slot * (kPackedKb * L::kStageRaw), &tma_b, &packed_full[slot],
-                         load_kb * (kGemmBlockK / 2), *packed_b_row);
-        ++issued;
         if (++load_kb == num_kb) {
           load_kb = 0;
           load_t += static_cast<int>(gridDim.x);
