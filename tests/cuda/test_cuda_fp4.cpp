@@ -1909,23 +1909,23 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
         EXPECT_LE(lean_cmp.rel, fold_bar(lean_cmp.rel));
         if (served && shared_top)
           EXPECT_EQ(lean_out.bytes, out.bytes) << "not the expanded path's bits";
-        // The packed tiles issued by warp 1's first producer thread (FINEGEMM_FP4_LEAN_PACKED_ISSUER=32; the 192-row
-        // batched kernel with A scales): the same bits.
+        // The 192-row batched kernel with A scales, its packed-copy experiments: the default's bits, each launch counted.
+        // FINEGEMM_FP4_LEAN_PACKED_ISSUER=32: warp 1's first producer thread issues the packed tiles.
+        // FINEGEMM_FP4_LEAN_PACKED_PAIRS=1: two packed K blocks per copy (128 x 128-byte boxes); both GEMMs have an even
+        // number of K blocks here (hidden 512: 4, inter 256: 2), so both take it.
         if (served && std::string(height) == "192" && std::string(order) == "batched") {
-          const ScopedEnv issuer("FINEGEMM_FP4_LEAN_PACKED_ISSUER", "32");
-          const long long moved_before = cuda::lean_fp4_packed_issuer_launches();
-          const Buffer moved = run_moe(f, target());
-          EXPECT_EQ(cuda::lean_fp4_packed_issuer_launches() - moved_before, 2) << "the gate_up and down GEMMs";
-          EXPECT_EQ(moved.bytes, lean_out.bytes) << "FINEGEMM_FP4_LEAN_PACKED_ISSUER=32: not thread 0's bits";
-        }
-        // Two packed K blocks per copy (FINEGEMM_FP4_LEAN_PACKED_PAIRS=1; the same kernel, 128 x 128-byte boxes): the
-        // same bits. Both GEMMs have an even number of K blocks here (hidden 512: 4, inter 256: 2), so both take it.
-        if (served && std::string(height) == "192" && std::string(order) == "batched") {
-          const ScopedEnv pairs("FINEGEMM_FP4_LEAN_PACKED_PAIRS", "1");
-          const long long pairs_before = cuda::lean_fp4_packed_pairs_launches();
-          const Buffer paired = run_moe(f, target());
-          EXPECT_EQ(cuda::lean_fp4_packed_pairs_launches() - pairs_before, 2) << "the gate_up and down GEMMs";
-          EXPECT_EQ(paired.bytes, lean_out.bytes) << "FINEGEMM_FP4_LEAN_PACKED_PAIRS=1: not one copy per K block's bits";
+          struct Experiment {
+            const char *name, *value;
+            long long (*launches)();
+          };
+          for (const Experiment& x : {Experiment{"FINEGEMM_FP4_LEAN_PACKED_ISSUER", "32", cuda::lean_fp4_packed_issuer_launches},
+                                      Experiment{"FINEGEMM_FP4_LEAN_PACKED_PAIRS", "1", cuda::lean_fp4_packed_pairs_launches}}) {
+            const ScopedEnv on(x.name, x.value);
+            const long long before_x = x.launches();
+            const Buffer varied = run_moe(f, target());
+            EXPECT_EQ(x.launches() - before_x, 2) << x.name << "=" << x.value << ": the gate_up and down GEMMs";
+            EXPECT_EQ(varied.bytes, lean_out.bytes) << x.name << "=" << x.value << ": not the default's bits";
+          }
         }
       }
       // The wide scan on the grouped lean kernel's scan-only calls (FINEGEMM_FP4_EXPAND_WIDE=2, stop 43; the default
