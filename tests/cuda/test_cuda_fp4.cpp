@@ -1913,13 +1913,17 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
         // FINEGEMM_FP4_LEAN_PACKED_ISSUER=32: warp 1's first producer thread issues the packed tiles.
         // FINEGEMM_FP4_LEAN_PACKED_PAIRS=1: two packed K blocks per copy (128 x 128-byte boxes); both GEMMs have an even
         // number of K blocks here (hidden 512: 4, inter 256: 2), so both take it.
+        // FINEGEMM_FP4_LEAN_ISSUER=light: the issuing warp expands one MX group per lane, the other warps five; =rotate:
+        // the producer warps take turns issuing the copies.
         if (served && std::string(height) == "192" && std::string(order) == "batched") {
           struct Experiment {
             const char *name, *value;
             long long (*launches)();
           };
           for (const Experiment& x : {Experiment{"FINEGEMM_FP4_LEAN_PACKED_ISSUER", "32", cuda::lean_fp4_packed_issuer_launches},
-                                      Experiment{"FINEGEMM_FP4_LEAN_PACKED_PAIRS", "1", cuda::lean_fp4_packed_pairs_launches}}) {
+                                      Experiment{"FINEGEMM_FP4_LEAN_PACKED_PAIRS", "1", cuda::lean_fp4_packed_pairs_launches},
+                                      Experiment{"FINEGEMM_FP4_LEAN_ISSUER", "light", cuda::lean_fp4_issuer_share_launches},
+                                      Experiment{"FINEGEMM_FP4_LEAN_ISSUER", "rotate", cuda::lean_fp4_issuer_share_launches}}) {
             const ScopedEnv on(x.name, x.value);
             const long long before_x = x.launches();
             const Buffer varied = run_moe(f, target());

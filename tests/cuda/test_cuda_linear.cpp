@@ -743,6 +743,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
                     [] { return cuda::fp4_lean_packed_issuer(); });
   check_switch<bool>("FINEGEMM_FP4_LEAN_PACKED_PAIRS", {{"", false}, {"0", false}, {"1", true}}, {"2", "on", "true", "1x"},
                      [] { return cuda::fp4_lean_packed_pairs(); });
+  check_switch<int>("FINEGEMM_FP4_LEAN_ISSUER", {{"", 0}, {"0", 0}, {"light", 1}, {"rotate", 2}},
+                    {"1", "2", "Light", "rotated", "on"}, [] { return cuda::fp4_lean_issuer_share(); });
   // Unset: the consumers at grouped 128-row tiles, the batched producers elsewhere; a set mode wins everywhere.
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 128, true), 3);
   EXPECT_EQ(cuda::fp4_lean_expand_for(-1, 192, true), 1);

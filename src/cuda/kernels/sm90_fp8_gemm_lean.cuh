@@ -208,7 +208,7 @@ struct LeanStreamWalk {
 // prefill there instead of the general kernel (off until measured).
 template <int BLOCK_M, int kStages, bool kAScale, bool kGrouped, bool kFp4B = false, int kExpand = 0,
           bool kPair = false, bool kGated = false, bool kShareA = false, bool kSfbWarp = false, bool kStreamK = false,
-          bool kRingTrace = false, int kPackedIssuer = 0, int kPackedKb = 1>
+          bool kRingTrace = false, int kPackedIssuer = 0, int kPackedKb = 1, int kIssuer = 0>
 __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
                                                const CUtensorMap& tma_out, const GemmParams& p, int num_m_blocks,
                                                int num_tiles_dense,
@@ -256,6 +256,10 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
   static_assert(kPackedKb == 1 || (kPackedKb == 2 && kFp4B && kBatched && !kConsumerExpand && !kRingTrace &&
                                    kPackedIssuer == 0 && kProducerWGs == 1),
                 "kPackedKb 2: the batched FP4 producers, thread 0 issuing, untraced");
+  static_assert(kIssuer == 0 || ((kIssuer == 1 || kIssuer == 2) && kFp4B && kExpand == 1 && kProducerWGs == 1 &&
+                                  kPackedIssuer == 0 && kPackedKb == 1),
+                "kIssuer 1 / 2: the batched FP4 producers, one warpgroup, one thread issuing both copies");
+  constexpr bool kLightIssuer = kIssuer == 1, kRotateIssuer = kIssuer == 2;
   LeanRingStamps* const ring = kRingTrace ? fp4.ring_trace : nullptr;
   if constexpr (kFp4B || kGated || kGrouped) {
     // The other path of the gated pair runs (the scan flagged a tile that does not fold): the whole CTA leaves. The
@@ -438,17 +442,44 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
       // Counts as unsigned: the ring slot and phase by mask and shift.
       uint32_t issued = 0;
       int load_t = static_cast<int>(blockIdx.x), load_kb = 0;
-      const uint32_t packed_row =
-          ptx::smem_addr(smem_packed) + static_cast<uint32_t>(kPackedKb == 2 ? lean_fp4_e4m3_row(e) : lean_fp4_packed_row(e));
-      const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(e));
+      // kLightIssuer (kIssuer 1, FINEGEMM_FP4_LEAN_ISSUER=light, an experiment): warp 0, whose thread 0 issues the copies, expands
+      // one MX group per lane instead of four: rows 0-95 go whole to warps 1-3 (thread e: row e - 32), and each of
+      // rows 96-127 (lane l: row 96 + l) is shared by the four warps, group (warp + 3) % 4 each: warps 1-3 expand five
+      // groups, warp 0 one. The ring trace (stop 57, H100) had thread 0 ~3.5 K blocks behind its warpgroup, each K
+      // block's issue ~940 cycles on top of its row's ~450 of expansion, and the stages waiting on it.
+      // Warp 0's own row (row_main) is its shared row, which it does not expand whole. Both row terms are linear in
+      // the row over rows of the same lane (the swizzles take the row's low three bits), so the shared row's
+      // addresses are the thread's own plus (row_x - row_main) rows, a warp-uniform step: two registers fewer (the
+      // 56-register producers spilled 56 bytes with them).
+      const int warp_e = e >> 5;
+      const int row_main = kLightIssuer ? (e + 96) & 127 : e;
+      const int row_x = 96 + (e & 31);
+      const int group_x = (warp_e + 3) & 3;
+      const uint32_t packed_row = ptx::smem_addr(smem_packed) +
+                                  static_cast<uint32_t>(kPackedKb == 2 ? lean_fp4_e4m3_row(row_main) : lean_fp4_packed_row(row_main));
+      const uint32_t e4m3_row = ptx::smem_addr(smem_b) + static_cast<uint32_t>(lean_fp4_e4m3_row(row_main));
+      // kRotateIssuer (kIssuer 2, FINEGEMM_FP4_LEAN_ISSUER=rotate, an experiment): item i's copies (A's, and the packed
+      // tile kAhead items on) are issued by warp i % 4's first thread, so that each warp carries a quarter of the issue.
+      // Every warp's first thread (lead) keeps the packed ring's counts and its own copy of the tile's B row.
+      const bool lead = (e & 31) == 0;
+      auto issues = [&](uint32_t at) { return kRotateIssuer ? lead && (at & 3u) == static_cast<uint32_t>(warp_e) : issuer; };
       // The next packed tile into its ring slot, once every producer thread has read that slot's previous tile (item
       // issued - R: with kAhead = R - 1 the one being expanded before this one, with R - 2 the one before that).
       // at (kRingTrace): the item whose stamps take issue_packed's inner steps (kRingP0PackedFree, kRingP0PackedRow).
-      auto issue_packed = [&](uint32_t at = ~0u) {
+      // go false (kRotateIssuer): count the copy another warp issues.
+      auto issue_packed = [&](uint32_t at = ~0u, bool go = true) {
         if (load_t >= num_tiles) return;
         // kPackedKb 2: the second K block of a copy comes with the first (no copy of its own).
         if (kPackedKb == 1 || (load_kb & 1) == 0) {
           const uint32_t slot = issued % RP;
+          volatile int* const b_row = packed_b_row + (kRotateIssuer ? warp_e : 0);
+          if (kRotateIssuer && load_kb == 0) {
+            const Tile lt = tile_of(load_t);
+            *b_row = lt.group * p.n + lt.n0;
+          }
+          if (kRotateIssuer && !go) {
+            ++issued;
+          } else {
           if (issued >= RP) ptx::mbar_wait(&packed_empty[slot], (issued / RP - 1) & 1u);
           if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedFree);
           // The tile's B row once per tile, not per K block: for the grouped kernels tile_of is the scheduler's binary
@@ -457,23 +488,24 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
           // FP4 gate_up, T = 4096): the issuing warp spent two thirds of its samples in that code and the other three
           // producer warps waited on the stages' empty barriers, the consumers on their full barriers. The row is kept
           // in shared memory (packed_b_row): one more register spilled the 56-register producers.
-          if (load_kb == 0) {
+          if (!kRotateIssuer && load_kb == 0) {
             const Tile lt = tile_of(load_t);
-            *packed_b_row = lt.group * p.n + lt.n0;
+            *b_row = lt.group * p.n + lt.n0;
           }
           if (kRingTrace && at != ~0u) lean_ring_stamp<kRingTrace>(ring, at, kRingP0PackedRow);
           ptx::mbar_arrive_expect_tx(&packed_full[slot], kPackedKb * L::kStageRaw);
           ptx::tma_load_2d(smem_packed + slot * (kPackedKb * L::kStageRaw), &tma_b, &packed_full[slot],
-                           load_kb * (kGemmBlockK / 2), *packed_b_row);
+                           load_kb * (kGemmBlockK / 2), *b_row);
           ++issued;
+          }
         }
         if (++load_kb == num_kb) {
           load_kb = 0;
           load_t += static_cast<int>(gridDim.x);
         }
       };
-      if (packed_issuer)
-        for (int i = 0; i < kAhead; ++i) issue_packed();
+      if (kRotateIssuer ? lead : packed_issuer)
+        for (int i = 0; i < kAhead; ++i) issue_packed(~0u, !kRotateIssuer || warp_e == 0);
       uint32_t lap_count = 0, item = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         const Tile tile = tile_of(t);
@@ -484,7 +516,12 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         // while this one expands. As 32-bit word offsets from the parameters' pointers (lean_fp4_ok bounds them): two
         // 64-bit pointers spilled the 40 registers of the 128-row producer.
         const uint32_t s_off = static_cast<uint32_t>(
-            (tile.group * fp4.scale_group_stride + static_cast<int64_t>(min(tile.n0 + e, p.n - 1)) * fp4.scale_stride_n) / 4);
+            (tile.group * fp4.scale_group_stride + static_cast<int64_t>(min(tile.n0 + row_main, p.n - 1)) * fp4.scale_stride_n) / 4);
+        // kLightIssuer: the shared row's word (its byte group_x is this thread's).
+        const uint32_t s_off_x = kLightIssuer ? static_cast<uint32_t>((tile.group * fp4.scale_group_stride +
+                                                                       static_cast<int64_t>(min(tile.n0 + row_x, p.n - 1)) *
+                                                                           fp4.scale_stride_n) / 4)
+                                              : 0u;
         const uint32_t e_off =
             static_cast<uint32_t>((tile.group * fp4.tiles_per_group + tile.n0 / kLeanBlockN) * fp4.blocks);
         const uint32_t* scale_words = reinterpret_cast<const uint32_t*>(fp4.scale);
@@ -495,18 +532,24 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             const int kb = lap * S + s;
-            if (issuer && kb < num_kb) lean_ring_stamp<kRingTrace>(ring, item, kRingP0EmptyWait);
+            const bool iss = issues(item);  // this item's issuing thread (thread 0 unless kRotateIssuer)
+            if (iss && kb < num_kb) lean_ring_stamp<kRingTrace>(ring, item, kRingP0EmptyWait);
             ptx::mbar_wait(&empty[s], free_parity);
             if (kb < num_kb) {
-              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Free);
-              if (issuer) {
-                ptx::mbar_expect_tx(&full[s], L::kStageA + sfa_bytes);
-                ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
-                if constexpr (kBulkA)
-                  ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
-                lean_ring_stamp<kRingTrace>(ring, item, kRingP0AIssued);
-                if constexpr (kPackedIssuer == 0) issue_packed(item);
-                lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
+              if (iss) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Free);
+              // kLightIssuer: the shared row's scale word, loaded here so that its latency hides behind the issue and
+              // the packed tile's wait (prefetched a K block ahead like w, it cost the kernel 56 bytes of spills).
+              const uint32_t wx = kLightIssuer ? __ldg(scale_words + (s_off_x + kb)) : 0u;
+              if (kRotateIssuer ? lead : issuer) {
+                if (iss) {
+                  ptx::mbar_expect_tx(&full[s], L::kStageA + sfa_bytes);
+                  ptx::tma_load_2d(smem_a + s * L::kStageA, &tma_a, &full[s], kb * kGemmBlockK, m0);
+                  if constexpr (kBulkA)
+                    ptx::bulk_load(smem_sfa + s * BLOCK_M, p.a_scale + kb * p.a_scale_stride_k + m0, sfa_bytes, &full[s]);
+                  lean_ring_stamp<kRingTrace>(ring, item, kRingP0AIssued);
+                }
+                if constexpr (kPackedIssuer == 0) issue_packed(item, iss);
+                if (iss) lean_ring_stamp<kRingTrace>(ring, item, kRingP0PackedIssued);
               }
               if constexpr (kPackedIssuer != 0)
                 if (packed_issuer) issue_packed();
@@ -518,9 +561,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
               }
               const uint32_t copy = kPackedKb == 2 ? item >> 1 : item;  // the packed copy holding this K block
               const uint32_t slot = copy % RP;
-              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Issued);
+              if (iss) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Issued);
               ptx::mbar_wait(&packed_full[slot], (copy / RP) & 1u);
-              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Packed);
+              if (iss) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Packed);
               // Shared addresses of this row's chunks: the row's term plus the slot's and stage's bases, each chunk one
               // XOR on (lean_fp4_packed_row, lean_fp4_e4m3_row). Opaque to ptxas: with the chunk offsets in sight it
               // kept all twelve per row in registers across the loop and spilled the 40-register producer.
@@ -542,6 +585,26 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 for (int i = 0; i < 2; ++i) lean_lds128(packed_at ^ static_cast<uint32_t>((2 * half + i) << 4), in[i]);
 #pragma unroll
                 for (int i = 0; i < 2; ++i) lean_fp4_expand_store(in[i], tab[i], e4m3_at, 2 * half + i);
+              } else if constexpr (kLightIssuer) {
+                // The shared row's group first (every warp), then warps 1-3 their whole row, batched as below.
+                const uint32_t rows_x = static_cast<uint32_t>(row_x - row_main);
+                const uint32_t packed_x = packed_at + rows_x * 64u, e4m3_x = e4m3_at + rows_x * 128u;
+                {
+                  const uint2 tab = fold_tab[min(max(emax - static_cast<int>((wx >> (8 * group_x)) & 0xFFu), 0), 8)];
+                  uint32_t in[4];
+                  lean_lds128(packed_x ^ static_cast<uint32_t>(group_x << 4), in);
+                  lean_fp4_expand_store(in, tab, e4m3_x, group_x);
+                }
+                if (warp_e != 0) {
+                  uint2 tab[4];
+                  uint32_t in[4][4];
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in[j]);
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) lean_fp4_expand_store(in[j], tab[j], e4m3_at, j);
+                }
               } else if constexpr (kBatched) {
                 // Every load first (the tables: plain shared loads; the chunks: four volatile loads in a row), then
                 // each group's expansion and its two stores.
@@ -564,7 +627,7 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                 }
               }
               ptx::fence_proxy_async_shared();  // the expanded row, written by the generic proxy, for the wgmma
-              if (issuer) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Arrive);
+              if (iss) lean_ring_stamp<kRingTrace>(ring, item, kRingP0Arrive);
               if (kRingTrace && e_all == 127) lean_ring_stamp<kRingTrace>(ring, item, kRingPLastArrive);
               ptx::mbar_arrive(&full[s]);
               if (kPackedKb == 1 || (item & 1u) != 0) ptx::mbar_arrive(&packed_empty[slot]);
@@ -1159,15 +1222,16 @@ __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1
 // kRingTrace: the diagnostic build that stamps its ring (LeanFp4B::ring_trace; FINEGEMM_FP4_LEAN_TRACE_FILE).
 // kPackedIssuer: the producer thread that issues the packed tiles (FINEGEMM_FP4_LEAN_PACKED_ISSUER; 0: thread 0).
 // kPackedKb: K blocks per packed copy (FINEGEMM_FP4_LEAN_PACKED_PAIRS; 2: tma_b in 128 x 128-byte boxes, 128-byte
-// swizzle, and every tile an even number of K blocks).
+// swizzle, and every tile an even number of K blocks). kIssuer (FINEGEMM_FP4_LEAN_ISSUER): 1 the issuing warp expands
+// one MX group per lane, 2 the copies' issue rotates over the producer warps.
 template <int BLOCK_M, int kStages, bool kAScale, int kExpand = 0, bool kRingTrace = false, int kPackedIssuer = 0,
-          int kPackedKb = 1>
+          int kPackedKb = 1, int kIssuer = 0>
 __global__ void __launch_bounds__(lean_fp4_threads<BLOCK_M, kStages>(kExpand), 1)
     sm90_fp4_grouped_lean_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const GemmParams p, const typename LeanGemm<BLOCK_M, kStages>::Sched sched,
                                  const LeanFp4B fp4) {
   lean_gemm_body<BLOCK_M, kStages, kAScale, true, true, kExpand, false, false, false, false, false, kRingTrace,
-                 kPackedIssuer, kPackedKb>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
+                 kPackedIssuer, kPackedKb, kIssuer>(tma_a, tma_b, tma_b, p, 0, 0, sched, fp4);
 }
 
 }  // namespace finegemm::cuda

@@ -247,6 +247,13 @@ long long lean_fp4_packed_issuer_launches();
 bool fp4_lean_packed_pairs();
 // Launches of the kernel that FINEGEMM_FP4_LEAN_PACKED_PAIRS=1 selects, since the process started.
 long long lean_fp4_packed_pairs_launches();
+// FINEGEMM_FP4_LEAN_ISSUER (an experiment, off): in the same kernel, where thread 0 issues A's and the packed copies on
+// top of its row's expansion (stop 57's ring trace): "light" (1) has its warp expand one MX group per lane and the
+// other three producer warps five; "rotate" (2) has warp i % 4's first thread issue K block i's copies; unset or "0"
+// (0) thread 0 issues them all. Other values throw, naming the switch. The packed-copy experiments above win over it.
+int fp4_lean_issuer_share();
+// Launches of the kernels that FINEGEMM_FP4_LEAN_ISSUER selects, since the process started.
+long long lean_fp4_issuer_share_launches();
 // How many FP4 lean launches this process has made (dense and grouped; tests check that the switch took them).
 long long lean_fp4_launches();
 

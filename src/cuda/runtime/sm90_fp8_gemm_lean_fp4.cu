@@ -18,6 +18,7 @@ namespace {
 std::atomic<long long> lean_fp4_launch_count{0};
 std::atomic<long long> lean_fp4_packed_issuer_count{0};
 std::atomic<long long> lean_fp4_packed_pairs_count{0};
+std::atomic<long long> lean_fp4_issuer_share_count{0};
 
 // Dense calls take 128-row tiles at four stages: the packed ring (57 KB) beside five stages and the staging tiles
 // would pass the 227 KB of shared memory, as would 256-row tiles at three.
@@ -138,7 +139,18 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
       static std::atomic<bool> traced_attribute_set[kMaxDevices] = {};
       LeanFp4B stamped = fp4;
       stamped.ring_trace = ring;
-      run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>, traced_attribute_set, stamped, tma_b);
+      const int share = fp4_lean_issuer_share();
+      if (share == 1) {
+        static std::atomic<bool> traced_light_attribute_set[kMaxDevices] = {};
+        run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true, 0, 1, 1>, traced_light_attribute_set,
+            stamped, tma_b);
+      } else if (share == 2) {
+        static std::atomic<bool> traced_rotate_attribute_set[kMaxDevices] = {};
+        run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true, 0, 1, 2>, traced_rotate_attribute_set,
+            stamped, tma_b);
+      } else {
+        run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, true>, traced_attribute_set, stamped, tma_b);
+      }
       ring_trace_end(ring, q, grid, stream);
       return;
     }
@@ -159,6 +171,21 @@ void launch_grouped(const void* a, int64_t lda, const void* b, int64_t ldb, cons
       const CUtensorMap pairs = make_tma_2d(b, int64_t{layout.num_groups} * q.n, q.k / 2, ldb, kLeanBlockN, 128);
       run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 0, 2>, pairs_attribute_set, fp4, pairs);
       lean_fp4_packed_pairs_count.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // FINEGEMM_FP4_LEAN_ISSUER (an experiment; stop 57's ring trace: thread 0 ~3.5 K blocks behind the rest of its
+    // warpgroup, its issue ~940 cycles a K block on top of its row's expansion, the stages waiting on it): "light"
+    // warp 0 expands one MX group per lane and warps 1-3 five; "rotate" warp i % 4's first thread issues item i's
+    // copies.
+    if (const int share = fp4_lean_issuer_share(); share != 0) {
+      static std::atomic<bool> light_attribute_set[kMaxDevices] = {}, rotate_attribute_set[kMaxDevices] = {};
+      if (share == 1)
+        run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 0, 1, 1>, light_attribute_set, fp4,
+            tma_b);
+      else
+        run(sm90_fp4_grouped_lean_kernel<BLOCK_M, kStages, kAScale, kExpand, false, 0, 1, 2>, rotate_attribute_set, fp4,
+            tma_b);
+      lean_fp4_issuer_share_count.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   }
@@ -304,6 +331,18 @@ bool fp4_lean_packed_pairs() {
   throw Error("FINEGEMM_FP4_LEAN_PACKED_PAIRS: expected 0 (one packed copy per K block, the default) or 1 (one per two "
               "K blocks), got '" + v + "'");
 }
+
+int fp4_lean_issuer_share() {
+  const char* env = std::getenv("FINEGEMM_FP4_LEAN_ISSUER");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return 0;
+  if (v == "light") return 1;
+  if (v == "rotate") return 2;
+  throw Error("FINEGEMM_FP4_LEAN_ISSUER: expected 0 (thread 0 issues every copy and expands a row, the default), light "
+              "(its warp expands one MX group per lane) or rotate (the producer warps take turns), got '" + v + "'");
+}
+
+long long lean_fp4_issuer_share_launches() { return lean_fp4_issuer_share_count.load(std::memory_order_relaxed); }
 
 long long lean_fp4_packed_pairs_launches() { return lean_fp4_packed_pairs_count.load(std::memory_order_relaxed); }
 
