@@ -550,7 +550,10 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
         if (!a_bulk) {
 #pragma unroll
           for (int j = 0; j < kVa; ++j) {
-            const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
+            // Rows past the tile's last (a grouped tile's expert ends there, a dense tile at M) read its last row's
+            // scales: their outputs are never stored, and the rows past the last routed slot were never written
+            // (compute-sanitizer initcheck, stop 56).
+            const int row = min(c.tile.m_row0 + lane + 32 * j, max(min(c.tile.m_end, p.m) - 1, 0));
             va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
           }
         }
@@ -616,7 +619,7 @@ __global__ void __launch_bounds__(128 * (BLOCK_M / 64 + 1), 1)
           const int g = p.a_scale ? min(k0 / p.a_group, p.a_scale_cols - 1) : 0;
 #pragma unroll
           for (int j = 0; j < kVa; ++j) {
-            const int row = min(c.tile.m_row0 + lane + 32 * j, p.m - 1);
+            const int row = min(c.tile.m_row0 + lane + 32 * j, max(min(c.tile.m_end, p.m) - 1, 0));  // as in load
             va[j] = p.a_scale ? p.a_scale[row * p.a_scale_stride_m + g * p.a_scale_stride_k] : 1.0f;
           }
           // B: the four UE8M0 exponents of each row's K block; fold when every row spreads ≤ 8.
