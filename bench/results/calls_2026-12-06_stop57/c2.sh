@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stop 57 call 2 (carry [".snap/prebuilt.txz", ".snap/c2.sh"] after scripts/pack-prebuilt): the FP4 lean kernel's
 # issuer experiments (FINEGEMM_FP4_LEAN_ISSUER=light / rotate) against the default.
-# (1) their same-bits tests; (2) the DeepSeek-V3 FP4 layer at T = 4096, default / light / rotate interleaved, three
-# rounds, and the FP8 layer once; (3) the ring trace of each experiment.
+# (after 45a.. the scale warps' initcheck clamp) (1) their same-bits tests; (2) the DeepSeek-V3 FP4 layer at T = 4096, default / light / rotate interleaved, three
+# rounds, and the FP8 layer once; (3) the ring trace of each experiment; (4) initcheck of GroupedLeanSameBits.
 cd "$(dirname "$0")"
 mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt
 B=.prebuilt; s0=$(date +%s); W=$OUT/w; mkdir -p $W; ROOT=$(cd .. && pwd)
@@ -32,5 +32,9 @@ for v in rotate light; do
     rm -f $W/ring_$v.txt
   fi
 done
+if left 400; then
+  timeout $(( 520 - ($(date +%s) - s0) )) compute-sanitizer --tool initcheck --print-limit 20 $B/tests/test_cuda_moe --gtest_filter=CudaMoe.GroupedLeanSameBits >$W/initcheck.txt 2>&1
+  echo "-- initcheck GroupedLeanSameBits rc=$? $(el)"; grep -E "ERROR SUMMARY|Uninitialized|at .*cuh:[0-9]+" $W/initcheck.txt | sort | uniq -c | sort -rn | head -8
+fi
 cd $OUT && tar czf all.tgz w && rm -rf w
 echo "total $(( $(date +%s) - s0 )) s"
