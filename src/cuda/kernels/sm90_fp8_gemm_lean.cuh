@@ -572,6 +572,18 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                                                   : packed_row + slot * L::kStageRaw;
               uint32_t e4m3_at = e4m3_row + static_cast<uint32_t>(s * L::kStageB);
               asm volatile("" : "+r"(packed_at), "+r"(e4m3_at));
+              // The batched expansion of this thread's row: every load first (the tables: plain shared loads; the
+              // chunks: four volatile loads in a row), then each group's expansion and its two stores.
+              auto expand_batched = [&]() {
+                uint2 tab[4];
+                uint32_t in[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in[j]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) lean_fp4_expand_store(in[j], tab[j], e4m3_at, j);
+              };
               if constexpr (kExpand == 2) {
                 // This thread's two groups of the row (2·half and 2·half + 1), loads first.
                 uint2 tab[2];
@@ -595,27 +607,9 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
                   lean_lds128(packed_x ^ static_cast<uint32_t>(group_x << 4), in);
                   lean_fp4_expand_store(in, tab, e4m3_x, group_x);
                 }
-                if (warp_e != 0) {
-                  uint2 tab[4];
-                  uint32_t in[4][4];
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in[j]);
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) lean_fp4_expand_store(in[j], tab[j], e4m3_at, j);
-                }
+                if (warp_e != 0) expand_batched();
               } else if constexpr (kBatched) {
-                // Every load first (the tables: plain shared loads; the chunks: four volatile loads in a row), then
-                // each group's expansion and its two stores.
-                uint2 tab[4];
-                uint32_t in[4][4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) tab[j] = fold_tab[min(max(emax - static_cast<int>((w >> (8 * j)) & 0xFFu), 0), 8)];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) lean_lds128(packed_at ^ static_cast<uint32_t>(j << 4), in[j]);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) lean_fp4_expand_store(in[j], tab[j], e4m3_at, j);
+                expand_batched();
               } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
