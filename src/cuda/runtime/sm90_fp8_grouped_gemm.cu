@@ -69,7 +69,8 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 }
 
 // The grouped lean kernel's tile height for the Store GEMMs, 0 for the general kernel. FINEGEMM_GROUPED_LEAN=0 / 128 /
-// 192 / 256 forces it; unset, 192 from 256 rows per expert on average, 128 from 48 to 95 at K >= 4096 (below). Measured
+// 192 / 256 forces it; unset, 192 from 256 rows per expert on average or from 96 at K >= 4096, 128 from 48 to 95 at
+// K >= 4096 (below). Measured
 // (stop 52, H100, bench_cuda_moe, layer µs, three rounds each, general / lean 192 / lean 256): DeepSeek-V3 FP8 T =
 // 16384 (512 rows per expert) 16.3-17.3k / 14.7-15.4k / 16.0-16.7k on the FP32, UE8M0 and static recipes; T = 8192 (256
 // rows) 9.9-10.3k / 9.6-9.9k / 9.2-9.6k; Qwen3-30B-A3B T = 16384 (1024 rows) 2584-2629 / 2551-2564 / 2546-2592, T =
@@ -82,8 +83,17 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 // (T = 4096) they lost (6365-6438 against 5397-5419: half the experts need a second tile). Qwen3-30B-A3B at 64 rows
 // (T = 1024, K = 2048 and 768) lost 1.8% (380.2 / 381.3 against 373.4 / 375.1 µs). Hence 128-row lean tiles from 48
 // to 95 rows per expert, at K >= kGroupedLean128MinK.
+// Stop 58 (H200, call 4, three interleaved rounds, layer µs and the GEMMs' TFLOP/s, default / FINEGEMM_GROUPED_LEAN=192):
+// DeepSeek-V3 FP8 T = 3072 (96 rows per expert) 4328-4590 / 4132-4247 (499-500 / 523-530 TFLOP/s), T = 4096 (128)
+// 4786-4857 / 4538-4706 (591-592 / 627-628), T = 6144 (192) 7097-7450 / 6511-6885 (583-590 / 620-633); the UE8M0 and
+// static recipes at T = 4096 598 / 626 -> 636 / 669 TFLOP/s. Qwen3-30B-A3B T = 2048 (128 rows, K = 2048 and 768) lost
+// (408-411 / 423-428 µs). Under the H200's 700 W cap (call 3: the SM clock at 1410-1485 MHz in the FP8 expert GEMMs)
+// the lean tiles' fewer instructions per K block count more than they did on the H100. Hence 192-row lean tiles from
+// 96 rows per expert where K >= kGroupedLean192MinK (DeepSeek-V3's gate_up; its down, K = 2048, keeps the general
+// kernel below 256 rows).
 constexpr int64_t kGroupedLean128From = 48, kGroupedLean128Below = 96;
 constexpr int kGroupedLean128MinK = 4096;
+constexpr int kGroupedLean192MinK = 4096;
 
 int grouped_lean_block_m(int64_t expected_rows_per_group, int k) {
   const char* lean = std::getenv("FINEGEMM_GROUPED_LEAN");
@@ -92,6 +102,7 @@ int grouped_lean_block_m(int64_t expected_rows_per_group, int k) {
                                 "FINEGEMM_GROUPED_ORDER"})
       if (const char* v = std::getenv(general); v != nullptr && *v != '\0') return 0;
     if (expected_rows_per_group >= 256) return 192;
+    if (expected_rows_per_group >= kGroupedLean128Below && k >= kGroupedLean192MinK) return 192;
     return expected_rows_per_group >= kGroupedLean128From && expected_rows_per_group < kGroupedLean128Below &&
                    k >= kGroupedLean128MinK
                ? 128
