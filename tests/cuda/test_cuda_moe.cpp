@@ -449,10 +449,11 @@ HostTensor bias_as(const HostTensor& bias, DType dtype) {
 }
 
 // The grouped lean kernel by default (FINEGEMM_GROUPED_LEAN unset, stop 52): 192-row tiles from 256 rows per expert
-// on average, 128-row tiles from 48 to 95 at K >= 4096 (stop 54), 192-row tiles from 96 at K >= 4096 (stop 58). T =
-// 600, top-8 over 16 experts (~300 rows each): both Store GEMMs (gate_up unfused and down) take it, with the general
-// kernel's bits (=0) and within the reference's bar; at T = 300 (~150 rows each, H = 640) neither does; at T = 200
-// (100 rows) and T = 128 (64 rows) with H = 4096 gate_up (K = H) takes it and down (K = I = 256) does not. Every
+// on average, 128-row tiles from 48 to 95 at K >= 4096 (stop 54), 192-row tiles from 96 where K or N >= 4096 (stop
+// 58). T = 600, top-8 over 16 experts (~300 rows each): both Store GEMMs (gate_up unfused and down) take it, with the
+// general kernel's bits (=0) and within the reference's bar; at T = 300 (~150 rows each, H = 640) neither does; at
+// T = 200 (100 rows) with H = 4096 both do (gate_up's K and down's N are H); at T = 128 (64 rows) with H = 4096
+// gate_up (K = H) does and down (K = I = 256) does not. Every
 // recipe it serves, and one it does not (the general kernel, the same bits). FINEGEMM_GROUPED_BLOCK_M set keeps the
 // general kernel.
 TEST_F(CudaMoe, GroupedLeanByDefault) {
@@ -466,8 +467,8 @@ TEST_F(CudaMoe, GroupedLeanByDefault) {
     for (const int64_t tokens : {600, 300, 200, 128}) {
       MoeProblem problem = spread_problem(kVariants[(r % 2) * 3]);
       problem.tokens = tokens;
-      // H = 4096: gate_up's K reaches the lean bands at 48-95 rows per expert (T = 128, 128-row tiles) and from 96
-      // (T = 200, 100 rows: 192-row tiles); down's K (the intermediate) stays below them.
+      // H = 4096: gate_up's K reaches the 128-row band (48-95 rows per expert, K >= 4096: T = 128) and both GEMMs
+      // the 192-row band from 96 rows (K or N >= 4096: T = 200, 100 rows; down's N is H).
       if (tokens == 128 || tokens == 200) problem.hidden = 4096;
       const auto masters = tools::make_moe_masters(rng(), problem);
       auto data = tools::make_moe(rng(), recipes[r], problem, masters);
@@ -480,7 +481,7 @@ TEST_F(CudaMoe, GroupedLeanByDefault) {
       }
       const long long before = cuda::grouped_lean_launches();
       const HostTensor on = run_on_gpu(data);
-      const int launches = !serves || tokens == 300 ? 0 : tokens == 600 ? 2 : 1;
+      const int launches = !serves || tokens == 300 ? 0 : tokens == 600 || tokens == 200 ? 2 : 1;
       const bool taken = launches > 0;
       EXPECT_EQ(cuda::grouped_lean_launches() - before, launches)
           << recipes[r].name << " T=" << tokens << ": expected " << launches << " grouped lean launches";

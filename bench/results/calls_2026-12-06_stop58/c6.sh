@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop 58, call 6 (H200 wanted; LIMIT=<timeout_s>): (1) the new default (192-row grouped lean tiles from 96 rows per
-# expert at K >= 4096) against both Store GEMMs forced to them (=192) and the general kernel (=0), interleaved, three
-# rounds, DeepSeek-V3 T = 3072 / 4096 / 6144, with the FP4 layer at T = 4096 (issue 5's MoE prefill) and Qwen3 T = 2048;
+# expert where K or N >= 4096: both DeepSeek-V3 Store GEMMs, as =192 forced them in call 4) against the general
+# kernel (=0, the old default below 256 rows), interleaved, three rounds, DeepSeek-V3 T = 3072 / 4096 / 6144, with the FP4 layer at T = 4096 (issue 5's MoE prefill) and Qwen3 T = 2048;
 # (2) the grouped lean tests; (3) initcheck of GroupedLeanSameBits after the consumers' A-scale rows clamp to the
 # tile's last routed row.
 cd "$(dirname "$0")"
@@ -20,7 +20,6 @@ for round in 1 2 3; do
   echo "-- round $round $(el)"
   for T in 3072 4096 6144; do
     one dsv3_${T}_new_$round deepseek-v3 $T dynamic X=1
-    one dsv3_${T}_l192_$round deepseek-v3 $T dynamic FINEGEMM_GROUPED_LEAN=192
     one dsv3_${T}_l0_$round deepseek-v3 $T dynamic FINEGEMM_GROUPED_LEAN=0
   done
   one dsv3_4096_fp4_$round deepseek-v3 4096 fp4 X=1

@@ -1,5 +1,6 @@
 // Host side of the grouped (MoE) GEMM: the GroupedScheduler over per-expert row ranges read on the device.
 // NOTE: its own translation unit so that the dense and grouped kernels compile in parallel.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -69,8 +70,8 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 }
 
 // The grouped lean kernel's tile height for the Store GEMMs, 0 for the general kernel. FINEGEMM_GROUPED_LEAN=0 / 128 /
-// 192 / 256 forces it; unset, 192 from 256 rows per expert on average or from 96 at K >= 4096, 128 from 48 to 95 at
-// K >= 4096 (below). Measured
+// 192 / 256 forces it; unset, 192 from 256 rows per expert on average or from 96 where K or N >= 4096, 128 from 48
+// to 95 at K >= 4096 (below). Measured
 // (stop 52, H100, bench_cuda_moe, layer µs, three rounds each, general / lean 192 / lean 256): DeepSeek-V3 FP8 T =
 // 16384 (512 rows per expert) 16.3-17.3k / 14.7-15.4k / 16.0-16.7k on the FP32, UE8M0 and static recipes; T = 8192 (256
 // rows) 9.9-10.3k / 9.6-9.9k / 9.2-9.6k; Qwen3-30B-A3B T = 16384 (1024 rows) 2584-2629 / 2551-2564 / 2546-2592, T =
@@ -89,20 +90,20 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 // static recipes at T = 4096 598 / 626 -> 636 / 669 TFLOP/s. Qwen3-30B-A3B T = 2048 (128 rows, K = 2048 and 768) lost
 // (408-411 / 423-428 µs). Under the H200's 700 W cap (call 3: the SM clock at 1410-1485 MHz in the FP8 expert GEMMs)
 // the lean tiles' fewer instructions per K block count more than they did on the H100. Hence 192-row lean tiles from
-// 96 rows per expert where K >= kGroupedLean192MinK (DeepSeek-V3's gate_up; its down, K = 2048, keeps the general
-// kernel below 256 rows).
+// 96 rows per expert where K or N reaches kGroupedLean192MinKN: both of DeepSeek-V3's Store GEMMs (gate_up K = 7168,
+// down N = 7168), the configuration measured, and neither of Qwen3-30B-A3B's.
 constexpr int64_t kGroupedLean128From = 48, kGroupedLean128Below = 96;
 constexpr int kGroupedLean128MinK = 4096;
-constexpr int kGroupedLean192MinK = 4096;
+constexpr int kGroupedLean192MinKN = 4096;
 
-int grouped_lean_block_m(int64_t expected_rows_per_group, int k) {
+int grouped_lean_block_m(int64_t expected_rows_per_group, int k, int n) {
   const char* lean = std::getenv("FINEGEMM_GROUPED_LEAN");
   if (lean == nullptr || *lean == '\0') {
     for (const char* general : {"FINEGEMM_GROUPED_BLOCK_M", "FINEGEMM_GROUPED_CLUSTER", "FINEGEMM_GROUPED_TMA_STORE",
                                 "FINEGEMM_GROUPED_ORDER"})
       if (const char* v = std::getenv(general); v != nullptr && *v != '\0') return 0;
     if (expected_rows_per_group >= 256) return 192;
-    if (expected_rows_per_group >= kGroupedLean128Below && k >= kGroupedLean192MinK) return 192;
+    if (expected_rows_per_group >= kGroupedLean128Below && std::max(k, n) >= kGroupedLean192MinKN) return 192;
     return expected_rows_per_group >= kGroupedLean128From && expected_rows_per_group < kGroupedLean128Below &&
                    k >= kGroupedLean128MinK
                ? 128
@@ -159,9 +160,10 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
     return;
   const int num_sms = num_sms_of_device(device);
   // The lean kernel's grouped mode for the Store GEMMs where it serves the call (grouped_lean_ok), elsewhere the
-  // general kernel below. By default 192-row tiles once the experts average 256 rows or more (grouped_lean_block_m);
+  // general kernel below. By default 192-row tiles once the experts average 256 rows or more, or 96 where K or N >= 4096,
+  // 128-row tiles from 48 to 95 rows at K >= 4096 (grouped_lean_block_m);
   // FINEGEMM_GROUPED_LEAN=0 turns it off, =128 / 192 / 256 takes that height at every size.
-  if (const int lean_m = grouped_lean_block_m(layout.expected_rows_per_group, p.k);
+  if (const int lean_m = grouped_lean_block_m(layout.expected_rows_per_group, p.k, p.n);
       lean_m != 0 && epilogue == Epilogue::Store) {
     GemmParams q = p;
     q.workspace = nullptr;
