@@ -900,8 +900,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     for (int i = 0; i < 64 * L::kHalves; ++i) total[i] = 0.0f;
     // Grouped, row-major A scales: this thread's rows' scale offsets, once per tile (rows past the tile's last routed
     // row clamped to it: computed, never stored; clamped to M - 1 they read scales of slots no routed row wrote, which
-    // compute-sanitizer's initcheck reported), 32-bit (grouped_lean_ok bounds them); the K loop adds kb · stride_k. 64-bit addresses rebuilt per
-    // K block, or kept as pointers, spilled the 192-row build (152 registers).
+    // compute-sanitizer's initcheck reported), 32-bit (grouped_lean_ok bounds them); the K loop adds kb · stride_k.
+    // 64-bit addresses rebuilt per K block, or kept as pointers, spilled the 192-row build (152 registers).
     // The scales themselves are loaded one K block ahead (a_next): loaded after the stage's full-barrier wait, their
     // L2 latency showed past the K block's four wgmma (a helper's reading of the code; not yet measured).
     int a_rows[2 * L::kHalves];

@@ -84,14 +84,15 @@ void launch_grouped_config(const CUtensorMap& a, const CUtensorMap& b, const Gem
 // (T = 4096) they lost (6365-6438 against 5397-5419: half the experts need a second tile). Qwen3-30B-A3B at 64 rows
 // (T = 1024, K = 2048 and 768) lost 1.8% (380.2 / 381.3 against 373.4 / 375.1 µs). Hence 128-row lean tiles from 48
 // to 95 rows per expert, at K >= kGroupedLean128MinK.
-// Stop 58 (H200, call 4, three interleaved rounds, layer µs and the GEMMs' TFLOP/s, default / FINEGEMM_GROUPED_LEAN=192):
-// DeepSeek-V3 FP8 T = 3072 (96 rows per expert) 4328-4590 / 4132-4247 (499-500 / 523-530 TFLOP/s), T = 4096 (128)
-// 4786-4857 / 4538-4706 (591-592 / 627-628), T = 6144 (192) 7097-7450 / 6511-6885 (583-590 / 620-633); the UE8M0 and
-// static recipes at T = 4096 598 / 626 -> 636 / 669 TFLOP/s. Qwen3-30B-A3B T = 2048 (128 rows, K = 2048 and 768) lost
-// (408-411 / 423-428 µs). Under the H200's 700 W cap (call 3: the SM clock at 1410-1485 MHz in the FP8 expert GEMMs)
-// the lean tiles' fewer instructions per K block count more than they did on the H100. Hence 192-row lean tiles from
-// 96 rows per expert where K or N reaches kGroupedLean192MinKN: both of DeepSeek-V3's Store GEMMs (gate_up K = 7168,
-// down N = 7168), the configuration measured, and neither of Qwen3-30B-A3B's.
+// Stop 58 (H200, call 4, three interleaved rounds, layer µs and the GEMMs' TFLOP/s, default /
+// FINEGEMM_GROUPED_LEAN=192): DeepSeek-V3 FP8 T = 3072 (96 rows per expert) 4328-4590 / 4132-4247 (499-500 / 523-530
+// TFLOP/s), T = 4096 (128) 4786-4857 / 4538-4706 (591-592 / 627-628), T = 6144 (192) 7097-7450 / 6511-6885 (583-590 /
+// 620-633); the UE8M0 and static recipes at T = 4096 598 / 626 -> 636 / 669 TFLOP/s. Qwen3-30B-A3B T = 2048 (128 rows,
+// K = 2048 and 768) lost (408-411 / 423-428 µs). Under the H200's 700 W cap (call 1's ncu: the SM clock at 1.44-1.52
+// GHz in the FP8 expert GEMMs) the lean tiles' fewer instructions per K block may count more than on the H100 (not
+// measured there). Hence 192-row lean tiles from 96 rows per expert where K or N reaches kGroupedLean192MinKN: both of
+// DeepSeek-V3's Store GEMMs (gate_up K = 7168, down N = 7168), the configuration measured, and neither of
+// Qwen3-30B-A3B's.
 constexpr int64_t kGroupedLean128From = 48, kGroupedLean128Below = 96;
 constexpr int kGroupedLean128MinK = 4096;
 constexpr int kGroupedLean192MinKN = 4096;
