@@ -964,13 +964,17 @@ TEST_P(Fp4Linear, ExactLeanKernelExpansion) {
   // as column_plan makes them (the GPU's full_m is 64, 12 calls below it).
   // Every expansion mode (FINEGEMM_FP4_LEAN_EXPAND; the dense kernel's tiles are 128 rows, so split and the
   // consumers' expansion run as themselves).
-  for (const char* order : {"serial", "batched", "split", "consumers"}) {
-    const ScopedEnv expand("FINEGEMM_FP4_LEAN_EXPAND", order);
+  // The batched and the consumers' expansions also with each tile's scale words prefetched into L2
+  // (FINEGEMM_LEAN_SCALE_PREFETCH=1; N = 208 makes the last tile's run 80 rows, K = 640 each row's 20 bytes).
+  for (const auto& [order, prefetch] : {std::pair{"serial", "0"}, {"batched", "0"}, {"split", "0"}, {"consumers", "0"},
+                                        {"batched", "1"}, {"consumers", "1"}}) {
+    const ScopedEnv expand("FINEGEMM_FP4_LEAN_EXPAND", order), fetch("FINEGEMM_LEAN_SCALE_PREFETCH", prefetch);
     for (ActKind act : acts)
       for (int64_t m : ms) {
         const long long start = cuda::lean_fp4_launches();
-        check_exact(target(), gpu(), std::string("tiles fold, lean FP4 kernel, ") + order + " expansion", tiles, {m},
-                    {ScaleKind::UE8M0}, {act}, {DType::BF16});
+        check_exact(target(), gpu(),
+                    std::string("tiles fold, lean FP4 kernel, ") + order + " expansion, scale prefetch " + prefetch,
+                    tiles, {m}, {ScaleKind::UE8M0}, {act}, {DType::BF16});
         const int64_t calls = m >= 64 ? (tiles.k + m - 1) / m : 12;
         const bool served = act == ActKind::Static || (act == ActKind::Group128Pow2 && m > 64);
         EXPECT_EQ(cuda::lean_fp4_launches() - start, served ? calls : 0) << act_kind_name(act) << " M=" << m << " " << order;
@@ -1909,6 +1913,15 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
         EXPECT_LE(lean_cmp.rel, fold_bar(lean_cmp.rel));
         if (served && shared_top)
           EXPECT_EQ(lean_out.bytes, out.bytes) << "not the expanded path's bits";
+        // Each tile's scale words prefetched into L2 by the issuing thread (FINEGEMM_LEAN_SCALE_PREFETCH=1): a
+        // hint, so the same bits.
+        if (served) {
+          const ScopedEnv fetch("FINEGEMM_LEAN_SCALE_PREFETCH", "1");
+          const long long before_fetch = cuda::lean_fp4_launches();
+          const Buffer fetched = run_moe(f, target());
+          EXPECT_EQ(cuda::lean_fp4_launches() - before_fetch, 2) << "the scale prefetch: gate_up and down";
+          EXPECT_EQ(fetched.bytes, lean_out.bytes) << "FINEGEMM_LEAN_SCALE_PREFETCH=1: not the default's bits";
+        }
         // The 192-row batched kernel with A scales, its packed-copy experiments: the default's bits, each launch counted.
         // FINEGEMM_FP4_LEAN_PACKED_ISSUER=32: warp 1's first producer thread issues the packed tiles.
         // FINEGEMM_FP4_LEAN_PACKED_PAIRS=1: two packed K blocks per copy (128 x 128-byte boxes); both GEMMs have an even

@@ -408,6 +408,14 @@ void expect_grouped_lean_same_bits(const tools::MoeData& data, bool serves, cons
         EXPECT_TRUE(cmp.ok(kMoeBar)) << what << " y=" << y << " lean=" << lean << " rel=" << cmp.rel
                                      << " non-finite=" << cmp.non_finite;
       }
+      // The tiles' A scales prefetched into L2 by the TMA thread (FINEGEMM_LEAN_SCALE_PREFETCH=1): a hint, the same
+      // bits.
+      if (serves) {
+        const testing::ScopedEnv fetch("FINEGEMM_LEAN_SCALE_PREFETCH", "1");
+        const HostTensor fetched = run_gpu(lean);
+        EXPECT_EQ(0, std::memcmp(fetched.bytes.data(), off.bytes.data(), fetched.bytes.size()))
+            << what << " y=" << y << " FINEGEMM_GROUPED_LEAN=" << lean << " FINEGEMM_LEAN_SCALE_PREFETCH=1";
+      }
     }
   }
 }

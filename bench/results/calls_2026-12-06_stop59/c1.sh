@@ -20,6 +20,7 @@ timeout 150 $B/tests/test_cuda_moe --gtest_filter='*GroupedLean*' >$W/test_lean.
 echo "-- test_cuda_moe *GroupedLean* rc=$? $(el): $(grep -c '^\[       OK' $W/test_lean.txt) passed; $(grep -h '^\[  FAILED\|^\[  PASSED' $W/test_lean.txt | head -3 | tr '\n' ' ')"
 grep -B2 -A6 "Failure" $W/test_lean.txt | head -30
 for round in 1 2; do
+  [ $round = 1 ] || left $(( LIMIT - 330 )) || break
   echo "-- round $round $(el)"
   for T in 3072 4096 6144; do
     one dsv3_${T}_new_$round deepseek-v3 $T dynamic X=1
@@ -29,9 +30,9 @@ for round in 1 2; do
   one qwen_2048_new_$round qwen3-30b-a3b 2048 dynamic X=1
   one qwen_2048_l0_$round qwen3-30b-a3b 2048 dynamic FINEGEMM_GROUPED_LEAN=0
 done
-if left $(( LIMIT - 200 )); then
+if left $(( LIMIT - 190 )); then
   R=$W/ncu_all
-  timeout 120 ncu --clock-control none --launch-skip 0 --launch-count 40 -f -o $R --section SpeedOfLight \
+  timeout 70 ncu --clock-control none --launch-count 30 -f -o $R --metrics gpu__time_duration.sum \
     $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 0 >$R.log 2>&1
   echo "-- ncu all kernels rc=$? $(el)"
   ncu -i $R.ncu-rep --page raw --csv --metrics gpu__time_duration.sum >$R.csv 2>&1
@@ -41,14 +42,14 @@ rows = list(csv.reader(open(sys.argv[1])))
 h = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
 if h is None: print("no table"); sys.exit()
 ix = {k: i for i, k in enumerate(rows[h])}
-for r in rows[h + 2:]:
-    if len(r) == len(rows[h]): print("  %10s us  %s" % (r[ix["gpu__time_duration.sum"]], r[ix["Kernel Name"]][:110]))
+for r in rows[h + 1:]:
+    if len(r) == len(rows[h]) and r[ix["Kernel Name"]] != "": print("  %12s  %s" % (r[ix["gpu__time_duration.sum"]], r[ix["Kernel Name"]][:100]))
 PY
   rm -f $R.ncu-rep
 fi
 if left $(( LIMIT - 130 )); then
   R=$W/ncu_gu
-  timeout 110 ncu --clock-control none -k "regex:lean" --launch-skip 0 --launch-count 1 -f -o $R \
+  timeout 100 ncu --clock-control none -k "regex:lean" --launch-skip 0 --launch-count 1 -f -o $R \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source no \
     --metrics sm__cycles_elapsed.avg.per_second $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 0 >$R.log 2>&1
   echo "-- ncu FP4 lean gate_up rc=$? $(el)"

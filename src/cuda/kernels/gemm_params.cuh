@@ -106,6 +106,10 @@ struct GemmParams {
   uint32_t* trace = nullptr;
   // Warpgroups whose rows all lie past a tile's end skip its wgmma (not with pingpong ordering).
   bool skip_idle = true;
+  // The lean kernels (FINEGEMM_LEAN_SCALE_PREFETCH=1, stop 59, off until measured): the thread that issues a tile's
+  // copies requests into L2, by one bulk prefetch each, the tile's FP4 B scale words (kFp4B) and its rows' A scales
+  // (grouped, row-major), ahead of the threads that load them one K block at a time (lean_prefetch_scales).
+  bool lean_scale_prefetch = false;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while
   // the previous one is promoted (sm90_fp8_gemm.cuh). On (FINEGEMM_GEMM_DOUBLE_ACC=0 turns it off); dense 128x64
   // tiles take it only with FINEGEMM_GEMM_DOUBLE_ACC=1 (gemm_launch.cuh has the measurements).

@@ -110,6 +110,57 @@ __device__ __forceinline__ void lean_fp4_expand_store(const uint32_t (&in)[4], u
   lean_sts128(e4m3_at ^ static_cast<uint32_t>((2 * j + 1) << 4), hi);
 }
 
+// GemmParams::lean_scale_prefetch: bytes [begin, end) requested into L2: the 16-byte aligned middle by one bulk
+// prefetch (its alignment), the partial chunks at either end by a line prefetch of their own byte, so that nothing
+// outside [begin, end) is named.
+__device__ __forceinline__ void lean_l2_prefetch(uintptr_t begin, uintptr_t end) {
+  if (end <= begin) return;
+  const uintptr_t from = (begin + 15) & ~uintptr_t{15}, to = end & ~uintptr_t{15};
+  if (to > from)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(from), "r"(static_cast<uint32_t>(to - from))
+                 : "memory");
+  if (begin < from) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(begin) : "memory");
+  if (to < end && to >= from) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(end - 1) : "memory");
+}
+// The scales of one tile, by the thread that issues its copies, ahead of the threads that load them: the consumers
+// their B scales at the tile's start and their A scales one K block ahead, the FP4 producers their rows' words and the
+// tile's largest exponents one K block ahead, so each misses L2 at the tile's start and then once per 32-byte sector
+// (every eight K blocks): the MoE GEMMs' scales are not in L2 when a tile starts, since the weight stream (and, for
+// FP4, the fold scan over every expert's scales) passed through it after they were written.
+// - B's block scales of the tile's column block (p's view: the FP4 kernels' tile scales), every K block.
+// - FP4 B (fp4 non-null): the UE8M0 words of the tile's rows n0 .. n0 + 127, every K block: rows scale_stride_n bytes
+//   apart, one run of (rows - 1) · stride + K / 32 bytes (28 KB for DeepSeek-V3's gate_up), and the tile's largest
+//   exponents.
+// - Grouped, row-major A scales (stride_k 1): the tile's rows [m0, m_end) of every K block, one run.
+__device__ __forceinline__ void lean_prefetch_scales(const GemmParams& p, const LeanFp4B* fp4, int group, int n0,
+                                                     int m0, int m_end) {
+  const int kbs = (p.k + kGemmBlockK - 1) / kGemmBlockK;
+  if (p.b_scale != nullptr) {
+    const int64_t base = group * p.b_scale_group_stride + static_cast<int64_t>(n0 / p.b_block_n) * p.b_scale_stride_n;
+    const bool bytes = p.b_scale_fmt == ScaleFmt::UE8M0;
+    const int64_t first = bytes ? base : 4 * base;
+    const int64_t length = bytes ? kbs : p.b_scale_fmt == ScaleFmt::F32 ? 4 * kbs : 4 * ((kbs + 3) / 4);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p.b_scale) + static_cast<uintptr_t>(first);
+    lean_l2_prefetch(at, at + static_cast<uintptr_t>(length));
+  }
+  if (fp4 != nullptr) {
+    const int rows = min(kLeanBlockN, p.n - n0);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(fp4->scale) +
+                            static_cast<uintptr_t>(group * fp4->scale_group_stride +
+                                                   static_cast<int64_t>(n0) * fp4->scale_stride_n);
+    lean_l2_prefetch(begin, begin + static_cast<uintptr_t>(static_cast<int64_t>(rows - 1) * fp4->scale_stride_n +
+                                                           4 * fp4->blocks));
+    const int* emax = fp4->tile_emax + (group * fp4->tiles_per_group + n0 / kLeanBlockN) * fp4->blocks;
+    lean_l2_prefetch(reinterpret_cast<uintptr_t>(emax), reinterpret_cast<uintptr_t>(emax + fp4->blocks));
+  }
+  const int rows_end = min(m_end, p.m);
+  if (p.a_scale != nullptr && p.a_scale_stride_k == 1 && rows_end > m0) {
+    const float* first = p.a_scale + static_cast<int64_t>(m0) * p.a_scale_stride_m;
+    const float* last = p.a_scale + static_cast<int64_t>(rows_end - 1) * p.a_scale_stride_m + kbs;
+    lean_l2_prefetch(reinterpret_cast<uintptr_t>(first), reinterpret_cast<uintptr_t>(last));
+  }
+}
+
 // kStreamK's walk over a CTA's work: tiles blockIdx.x, + gridDim.x, ... below dp_tiles whole, then its range of the
 // tail's K blocks (tiles dp_tiles .. num_tiles - 1 end to end, [begin(c), begin(c + 1)) for CTA c) as items of one tile
 // each, from the range's end down: its last item first, the one it may leave unfinished for a CTA above it, so that
@@ -646,6 +697,11 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
         const Tile tile = tile_of(t);
         const int m0 = tile.m0, b_row0 = tile.group * p.n + tile.n0;
         constexpr bool kBulkA = kAScale && !kGrouped;
+        // The tile's B and (grouped) A scales into L2, up to S K blocks before its consumers load them
+        // (lean_prefetch_scales).
+        if constexpr (kGrouped)
+          if (p.lean_scale_prefetch && kb0 == 0)
+            lean_prefetch_scales(p, nullptr, tile.group, tile.n0, m0, min(tile.m_end, m0 + BLOCK_M));
         // kPair: a rank-1 tile past M has no A scales to copy.
         const uint32_t sfa_bytes = !kBulkA || (kPair && m0 >= p.m)
                                        ? 0u
@@ -861,6 +917,19 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     }
     const Tile tile = tile_of(t);
     const int m0 = tile.m0, n0 = tile.n0;
+    // GemmParams::lean_scale_prefetch, kFp4B: consumer thread 0 requests the scales of the CTA's next tile into L2 (at
+    // its first tile, that tile's own too), a tile ahead of the producers' loads of its words and exponents and of the
+    // consumers' loads of its B and A scales (lean_prefetch_scales). Here, where the accumulators are free: in the
+    // producers (56 registers) the 192-row batched kernel's stack went from 0 to 56 bytes.
+    if constexpr (kFp4B && !kStreamK) {
+      if (p.lean_scale_prefetch && threadIdx.x == 0) {
+        auto one = [&](const Tile& x) {
+          lean_prefetch_scales(p, &fp4, x.group, x.n0, kGrouped ? x.m0 : 0, kGrouped ? min(x.m_end, x.m0 + BLOCK_M) : 0);
+        };
+        if (t == first_tile()) one(tile);
+        if (t + tile_stride() < num_tiles) one(tile_of(t + tile_stride()));
+      }
+    }
     // The tile's B scales for every K block (its column block is one scale block row): once the previous tile's
     // last reads of them are done. kSfbWarp: from the scale warp's buffer for this tile.
     const float* sfb = smem_sfb;

@@ -113,6 +113,7 @@ inline bool fp4_fold(const GemmParams& p) {
 //   766 TFLOP/s, N=4096 K=7168 623 vs 589 on the H200 (gpu-check bench-accum, 48fe691).
 // - lean_epilogue (on; FINEGEMM_GEMM_LEAN_EPILOGUE=0): measured faster on the H200, same bits.
 // - skip_idle (on; FINEGEMM_GEMM_SKIP_IDLE=0): warpgroups with no rows in a tile skip its wgmma.
+// - lean_scale_prefetch (off until measured; FINEGEMM_LEAN_SCALE_PREFETCH=1): GemmParams::lean_scale_prefetch.
 // - double_acc (on; FINEGEMM_GEMM_DOUBLE_ACC=0): two accumulator sets in 128x128 tiles with 128-wide promotion, the
 //   next K block's wgmma overlapping the promotion (dense 128x64 tiles only with FINEGEMM_GEMM_DOUBLE_ACC=1).
 //   Measured on the H200 (stop 23, 128x128, one set -> two, TFLOP/s at M = 4096): N=7168 K=16384 955 -> 979/994,
@@ -138,6 +139,7 @@ inline void apply_env_switches(GemmParams& p, bool grouped = false) {
   p.chunk_scales = env_switch("FINEGEMM_GEMM_CHUNK_SCALES", true);
   p.lean_epilogue = env_switch("FINEGEMM_GEMM_LEAN_EPILOGUE", true);
   p.skip_idle = env_switch("FINEGEMM_GEMM_SKIP_IDLE", true);
+  p.lean_scale_prefetch = env_switch("FINEGEMM_LEAN_SCALE_PREFETCH", false);
   p.double_acc = env_switch("FINEGEMM_GEMM_DOUBLE_ACC", true);
   if (const char* run = std::getenv("FINEGEMM_GEMM_DOUBLE_RUN"); run && std::strcmp(run, "8") == 0) p.double_acc_run = 8;
   p.fp4_batched_expand = env_switch("FINEGEMM_FP4_BATCHED_EXPAND", false);
