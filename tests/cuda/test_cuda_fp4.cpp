@@ -85,7 +85,9 @@ Buffer run_linear(const LinearArgs& host, const Target& target) {
   return out;
 }
 
-Buffer run_moe(const MoeArgs& host, const Target& target) {
+// `calls` calls of the layer on one upload of its tensors (the same device addresses), each into a freshly poisoned
+// output; every call's output.
+std::vector<Buffer> run_moe_calls(const MoeArgs& host, const Target& target, int calls) {
   Buffer out(host.out.dtype, host.out.sizes());
   testing::poison(out);
   auto up = [&](const TensorView& t) { return to_device(t, target.device); };
@@ -106,11 +108,22 @@ Buffer run_moe(const MoeArgs& host, const Target& target) {
   a.gate_up_bias = gate_up_bias.view;
   a.down_bias = down_bias.view;
   a.out = d_out.view;
-  moe_experts(a, {target.backend});
-  synchronize(target.device);
-  copy_to_host(d_out.view, out);
-  return out;
+  std::vector<Buffer> outs;
+  for (int c = 0; c < calls; ++c) {
+    if (c > 0) {  // a freshly poisoned output (the inputs stay where they are)
+      testing::poison(out);
+      d_out = up(out);
+      a.out = d_out.view;
+    }
+    moe_experts(a, {target.backend});
+    synchronize(target.device);
+    copy_to_host(d_out.view, out);
+    outs.push_back(out);
+  }
+  return outs;
 }
+
+Buffer run_moe(const MoeArgs& host, const Target& target) { return run_moe_calls(host, target, 1).front(); }
 
 int uniform_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(testing::rng()); }
 
@@ -1942,6 +1955,18 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
             const Buffer varied = run_moe(f, target());
             EXPECT_EQ(x.launches() - before_x, 2) << x.name << "=" << x.value << ": the gate_up and down GEMMs";
             EXPECT_EQ(varied.bytes, lean_out.bytes) << x.name << "=" << x.value << ": not the default's bits";
+          }
+          // The fold scans kept per weight (FINEGEMM_FP4_SCAN_CACHE=1): two calls on one upload, the first making
+          // gate_up's and down's kept scans (over every expert), the second taking them; the default's bits both times.
+          {
+            const ScopedEnv cache("FINEGEMM_FP4_SCAN_CACHE", "1");
+            const long long scans = cuda::fp4_scan_cache_scans(), hits = cuda::fp4_scan_cache_hits();
+            const std::vector<Buffer> calls = run_moe_calls(f, target(), 2);
+            EXPECT_EQ(cuda::fp4_scan_cache_scans() - scans, 2) << "FINEGEMM_FP4_SCAN_CACHE=1: gate_up's and down's scans";
+            EXPECT_EQ(cuda::fp4_scan_cache_hits() - hits, 4) << "FINEGEMM_FP4_SCAN_CACHE=1: two calls of two GEMMs";
+            for (const Buffer& c : calls)
+              EXPECT_EQ(c.bytes, lean_out.bytes) << "FINEGEMM_FP4_SCAN_CACHE=1: not the default's bits";
+            cuda::fp4_scan_cache_clear();  // the next upload may take these addresses with other scales
           }
         }
       }

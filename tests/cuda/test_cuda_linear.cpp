@@ -758,6 +758,8 @@ TEST(GemmConfig, LeanPairAndFp4ExpandSwitches) {
                      [] { return cuda::fp4_expand_lean_wanted(); });
   check_switch<int>("FINEGEMM_FP4_SCAN_STAGED", {{"", -1}, {"0", 0}, {"1", 1}}, {"2", "on"},
                     [] { return cuda::fp4_scan_staged_mode(); });
+  check_switch<bool>("FINEGEMM_FP4_SCAN_CACHE", {{"", false}, {"0", false}, {"1", true}}, {"2", "on", "yes"},
+                     [] { return cuda::fp4_scan_cache_wanted(); });
   // Unset: staged from 32 K blocks per row; 1 at any length; 0 never.
   EXPECT_TRUE(cuda::fp4_scan_staged_for(-1, 56));
   EXPECT_TRUE(cuda::fp4_scan_staged_for(-1, 32));

@@ -1,7 +1,11 @@
 // Host side of src/cuda/kernels/fp4_expand_weights.cuh.
 #include <atomic>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "cuda/kernels/fp4_expand_weights.cuh"
@@ -87,7 +91,8 @@ bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_gr
 Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
                            const int32_t* counts, cudaStream_t stream, Mode mode)
     : stream_(stream), fold_(p.b_scale_fmt == ScaleFmt::UE8M0) {
-  const bool scan_only = mode == Mode::ScanOnly;
+  const bool scan_only = mode != Mode::Expand;
+  kept_ = mode == Mode::ScanKept;
   if (scan_only && !fold_)
     throw Error(ErrorKind::Runtime, "Fp4Expansion: the scan alone needs byte UE8M0 weight scales");
   // Read before the scratch is allocated: a bad value throws here, where nothing is held yet. ScanOnly calls take the
@@ -99,7 +104,16 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
   const size_t weight_bytes = scan_only ? 0 : round_up(static_cast<size_t>(rows) * p.k);
   const size_t row_scale_bytes = fold_ && !scan_only ? round_up(sizeof(float) * static_cast<size_t>(rows) * blocks_) : 0;
   const size_t tile_bytes = fold_ ? round_up(sizeof(float) * static_cast<size_t>(groups) * tiles_ * blocks_) : 0;
-  auto* base = static_cast<uint8_t*>(scratch_try_alloc(weight_bytes + row_scale_bytes + 2 * tile_bytes + 16, stream));
+  const size_t total_bytes = weight_bytes + row_scale_bytes + 2 * tile_bytes + 16;
+  uint8_t* base = nullptr;
+  if (kept_) {
+    if (cudaMalloc(reinterpret_cast<void**>(&base), total_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+  } else {
+    base = static_cast<uint8_t*>(scratch_try_alloc(total_bytes, stream));
+  }
   if (base == nullptr) return;
   base_ = base;
   weights_ = scan_only ? nullptr : base;
@@ -221,7 +235,70 @@ Fp4Expansion::Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int 
 }
 
 Fp4Expansion::~Fp4Expansion() {
-  if (base_ != nullptr) (void)cudaFreeAsync(base_, stream_);
+  if (base_ == nullptr) return;
+  if (kept_)
+    (void)cudaFree(base_);  // waits for the device's work that may still read it
+  else
+    (void)cudaFreeAsync(base_, stream_);
+}
+
+namespace {
+std::atomic<long long> scan_cache_hit_count{0};
+std::atomic<long long> scan_cache_scan_count{0};
+// device, scales, n, k, row stride, group stride, groups
+using ScanKey = std::tuple<int, const void*, int, int, int64_t, int64_t, int>;
+std::mutex scan_cache_mutex;
+std::map<ScanKey, std::unique_ptr<Fp4Expansion>>& scan_cache() {
+  static auto* cache = new std::map<ScanKey, std::unique_ptr<Fp4Expansion>>;  // kept for the process
+  return *cache;
+}
+}  // namespace
+
+bool fp4_scan_cache_wanted() {
+  const char* env = std::getenv("FINEGEMM_FP4_SCAN_CACHE");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("FINEGEMM_FP4_SCAN_CACHE: expected 0 (the FP4 lean kernels' grouped calls scan their weight scales on "
+              "every call) or 1 (a scan kept per weight scale tensor: a promise that the scales never change), got '" +
+              v + "'");
+}
+
+const Fp4Expansion* fp4_scan_kept(const void* b, int64_t ldb, const GemmParams& p, int groups, cudaStream_t stream) {
+  int device = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&device));
+  const ScanKey key{device, p.b_scale, p.n, p.k, p.b_scale_stride_n, p.b_scale_group_stride, groups};
+  std::lock_guard<std::mutex> lock(scan_cache_mutex);
+  auto& cache = scan_cache();
+  if (const auto it = cache.find(key); it != cache.end()) {
+    scan_cache_hit_count.fetch_add(1, std::memory_order_relaxed);
+    return it->second.get();
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FG_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone) return nullptr;
+  auto scan = std::make_unique<Fp4Expansion>(b, ldb, p, groups, nullptr, nullptr, stream, Fp4Expansion::Mode::ScanKept);
+  if (!scan->ready()) return nullptr;
+  FG_CUDA_CHECK(cudaStreamSynchronize(stream));  // once per weight: readable from every stream from now on
+  scan_cache_scan_count.fetch_add(1, std::memory_order_relaxed);
+  scan_cache_hit_count.fetch_add(1, std::memory_order_relaxed);
+  return cache.emplace(key, std::move(scan)).first->second.get();
+}
+
+long long fp4_scan_cache_hits() { return scan_cache_hit_count.load(std::memory_order_relaxed); }
+long long fp4_scan_cache_scans() { return scan_cache_scan_count.load(std::memory_order_relaxed); }
+
+void fp4_scan_cache_clear() {
+  std::lock_guard<std::mutex> lock(scan_cache_mutex);
+  if (scan_cache().empty()) return;
+  int current = 0;
+  FG_CUDA_CHECK(cudaGetDevice(&current));
+  for (auto& [key, scan] : scan_cache()) {
+    FG_CUDA_CHECK(cudaSetDevice(std::get<0>(key)));
+    scan.reset();
+  }
+  FG_CUDA_CHECK(cudaSetDevice(current));
+  scan_cache().clear();
 }
 
 GemmParams Fp4Expansion::e4m3_params(const GemmParams& p, Path path) const {

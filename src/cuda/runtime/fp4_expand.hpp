@@ -18,7 +18,9 @@ class Fp4Expansion {
   // (groups · N · K bytes) nothing is enqueued and ready() is false: the caller runs the FP4 kernel as it is.
   // ScanOnly (byte UE8M0 scales; the lean kernels that expand in-kernel, FINEGEMM_FP4_LEAN): the fold scan alone,
   // no E4M3 scratch: tile_params, lean_view and gate_unfoldable serve the launches.
-  enum class Mode { Expand, ScanOnly };
+  // ScanKept: ScanOnly in memory of its own (cudaMalloc, freed by cudaFree when the object goes) rather than the
+  // stream's scratch, for the scans kept per weight (fp4_scan_kept).
+  enum class Mode { Expand, ScanOnly, ScanKept };
   Fp4Expansion(const void* b, int64_t ldb, const GemmParams& p, int groups, const int32_t* offsets,
                const int32_t* counts, cudaStream_t stream, Mode mode = Mode::Expand);
   ~Fp4Expansion();
@@ -69,6 +71,7 @@ class Fp4Expansion {
 
   cudaStream_t stream_;
   bool fold_ = false;
+  bool kept_ = false;  // ScanKept
   int blocks_ = 0, tiles_ = 0;
   void* base_ = nullptr;        // the one scratch allocation
   uint8_t* weights_ = nullptr;  // Expand mode
@@ -111,5 +114,22 @@ long long fp4_expand_fused_launches();
 bool fp4_gate_pdl_wanted();
 long long fp4_gate_chains();
 bool fp4_expand_grouped_wanted(const GemmParams& p, int64_t expected_rows_per_group);
+
+// FINEGEMM_FP4_SCAN_CACHE=1 (stop 59, off until measured): the FP4 lean kernels' grouped (MoE) calls take the fold
+// scan of their weight scales from a scan kept per weight scale tensor (fp4_scan_kept) instead of scanning the
+// experts' scales on every call (DeepSeek-V3's gate_up: 235 MB of scales, ~114 µs on an H100 at T = 4096). The switch
+// is a promise, as FINEGEMM_FP4_DECODE_FOLD_CACHE's is: the weight scales at an address never change while the
+// process runs (a weight freed and another of the same shape put at the same address would reuse the old scan).
+// Anything but 0 or 1 throws, naming the variable.
+bool fp4_scan_cache_wanted();
+// The kept scan of every group's tiles for the call's weight scales (p: the FP4 call; groups: experts), made on the
+// first eager call (enqueued on `stream`, which is then synchronized once so that any stream may read it) and kept for
+// the process; nullptr where none can be made now (under stream capture nothing is enqueued into a graph; or no
+// memory). It scans unrouted experts too, so a tile of such an expert that does not fold sends the call to the FP4
+// kernel (the gate), as a routed one does.
+const Fp4Expansion* fp4_scan_kept(const void* b, int64_t ldb, const GemmParams& p, int groups, cudaStream_t stream);
+long long fp4_scan_cache_hits();    // calls served by a kept scan (tests)
+long long fp4_scan_cache_scans();   // kept scans made
+void fp4_scan_cache_clear();        // frees every kept scan (synchronizes the devices that hold one)
 
 }  // namespace finegemm::cuda

@@ -133,24 +133,31 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   // grouped lean kernel, which expands each packed K block in its producer warpgroup: no E4M3 scratch, each expert's
   // weights read packed. The fold scan, the lean kernel gated to run where every 128x128 tile folds, and the FP4
   // kernel below gated to run where one does not.
+  // FINEGEMM_FP4_SCAN_CACHE=1: the scan kept for these weight scales (fp4_scan_kept), made on the first call.
   std::optional<Fp4Expansion> scanned;
+  const Fp4Expansion* scan = nullptr;
   if (const int fp4_lean_m = p.b_fp4 && epilogue == Epilogue::Store
                                  ? fp4_lean_block_m(true, layout.expected_rows_per_group)
                                  : 0;
       fp4_lean_m != 0 && lean_fp4_ok(p, fp4_lean_m, true, layout.num_groups, device)) {
-    scanned.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream,
-                    Fp4Expansion::Mode::ScanOnly);
-    if (scanned->ready()) {
-      GemmParams view = scanned->tile_params(p);
+    if (fp4_scan_cache_wanted()) scan = fp4_scan_kept(b, ldb, p, layout.num_groups, stream);
+    if (scan == nullptr) {
+      scanned.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream,
+                      Fp4Expansion::Mode::ScanOnly);
+      if (scanned->ready())
+        scan = &*scanned;
+      else
+        scanned.reset();
+    }
+    if (scan != nullptr) {
+      GemmParams view = scan->tile_params(p);
       view.workspace = nullptr;
-      launch_sm90_fp4_grouped_lean(a, lda, b, ldb, layout, view, scanned->lean_view(p), fp4_lean_m, device, stream);
-      scanned->gate_unfoldable(p);
-    } else {
-      scanned.reset();
+      launch_sm90_fp4_grouped_lean(a, lda, b, ldb, layout, view, scan->lean_view(p), fp4_lean_m, device, stream);
+      scan->gate_unfoldable(p);
     }
   }
   std::optional<Fp4Expansion> expanded;
-  if (!scanned && fp4_expand_grouped_wanted(p, layout.expected_rows_per_group)) {
+  if (scan == nullptr && fp4_expand_grouped_wanted(p, layout.expected_rows_per_group)) {
     expanded.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream);
     if (!expanded->ready()) expanded.reset();  // no memory for the scratch: the FP4 kernel as it is
   }
