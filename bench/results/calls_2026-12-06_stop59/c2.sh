@@ -38,9 +38,6 @@ for round in 1 2; do
   one fp4_2048_pf0_$round deepseek-v3 2048 fp4 X=1
   one fp4_2048_pf1_$round deepseek-v3 2048 fp4 FINEGEMM_LEAN_SCALE_PREFETCH=1
 done
-  one qwen_2048_new_$round qwen3-30b-a3b 2048 dynamic X=1
-  one qwen_2048_l0_$round qwen3-30b-a3b 2048 dynamic FINEGEMM_GROUPED_LEAN=0
-done
 if left $(( LIMIT - 190 )); then
   R=$W/ncu_all
   FINEGEMM_LEAN_SCALE_PREFETCH=1 timeout 70 ncu --clock-control none --launch-count 30 -f -o $R --metrics gpu__time_duration.sum \
