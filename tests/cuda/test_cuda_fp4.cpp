@@ -85,16 +85,15 @@ Buffer run_linear(const LinearArgs& host, const Target& target) {
   return out;
 }
 
-// `calls` calls of the layer on one upload of its tensors (the same device addresses), each into a freshly poisoned
-// output; every call's output.
+// `calls` calls of the layer on one upload of its inputs (the same device addresses), each into a freshly poisoned
+// output; every call's output. (A Buffer's view points into its own bytes: moved, never copied, so that it stays
+// valid.)
 std::vector<Buffer> run_moe_calls(const MoeArgs& host, const Target& target, int calls) {
-  Buffer out(host.out.dtype, host.out.sizes());
-  testing::poison(out);
   auto up = [&](const TensorView& t) { return to_device(t, target.device); };
   auto hidden = up(host.hidden), index = up(host.top_k_index), weights = up(host.top_k_weights),
        gate_up = up(host.gate_up), gate_up_scale = up(host.gate_up_scale), down = up(host.down),
        down_scale = up(host.down_scale), gate_up_act = up(host.gate_up_act_scale), down_act = up(host.down_act_scale),
-       gate_up_bias = up(host.gate_up_bias), down_bias = up(host.down_bias), d_out = up(out);
+       gate_up_bias = up(host.gate_up_bias), down_bias = up(host.down_bias);
   MoeArgs a = host;
   a.hidden = hidden.view;
   a.top_k_index = index.view;
@@ -107,23 +106,24 @@ std::vector<Buffer> run_moe_calls(const MoeArgs& host, const Target& target, int
   a.down_act_scale = down_act.view;
   a.gate_up_bias = gate_up_bias.view;
   a.down_bias = down_bias.view;
-  a.out = d_out.view;
   std::vector<Buffer> outs;
   for (int c = 0; c < calls; ++c) {
-    if (c > 0) {  // a freshly poisoned output (the inputs stay where they are)
-      testing::poison(out);
-      d_out = up(out);
-      a.out = d_out.view;
-    }
+    Buffer out(host.out.dtype, host.out.sizes());
+    testing::poison(out);
+    const DeviceTensor d_out = up(out);
+    a.out = d_out.view;
     moe_experts(a, {target.backend});
     synchronize(target.device);
     copy_to_host(d_out.view, out);
-    outs.push_back(out);
+    outs.push_back(std::move(out));
   }
   return outs;
 }
 
-Buffer run_moe(const MoeArgs& host, const Target& target) { return run_moe_calls(host, target, 1).front(); }
+Buffer run_moe(const MoeArgs& host, const Target& target) {
+  std::vector<Buffer> outs = run_moe_calls(host, target, 1);
+  return std::move(outs.front());
+}
 
 int uniform_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(testing::rng()); }
 
