@@ -26,7 +26,7 @@ timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='*ExactLeanKernelExpansion/cud
 echo "-- test_cuda_fp4 lean rc=$? $(el): $(grep -c '^\[       OK' $W/test_fp4.txt) passed; $(grep -h '^\[  FAILED\|^\[  PASSED' $W/test_fp4.txt | head -3 | tr '\n' ' ')"
 grep -B2 -A6 "Failure" $W/test_fp4.txt | head -20
 for round in 1 2; do
-  [ $round = 1 ] || left $(( LIMIT - 330 )) || break
+  [ $round = 1 ] || left $(( LIMIT - 250 )) || break
   echo "-- round $round $(el)"
   one fp4_4096_pf0_$round deepseek-v3 4096 fp4 X=1
   one fp4_4096_pf1_$round deepseek-v3 4096 fp4 FINEGEMM_LEAN_SCALE_PREFETCH=1
@@ -35,10 +35,11 @@ for round in 1 2; do
   one fp8_4096_new_$round deepseek-v3 4096 dynamic X=1
   one fp8_4096_l0_$round deepseek-v3 4096 dynamic FINEGEMM_GROUPED_LEAN=0
   one fp8_4096_pf1_$round deepseek-v3 4096 dynamic FINEGEMM_LEAN_SCALE_PREFETCH=1
+  [ $round = 1 ] || continue
   one fp4_2048_pf0_$round deepseek-v3 2048 fp4 X=1
   one fp4_2048_pf1_$round deepseek-v3 2048 fp4 FINEGEMM_LEAN_SCALE_PREFETCH=1
 done
-if left $(( LIMIT - 190 )); then
+if left $(( LIMIT - 215 )) && [ -n "$NCU_ALL" ]; then
   R=$W/ncu_all
   FINEGEMM_LEAN_SCALE_PREFETCH=1 timeout 70 ncu --clock-control none --launch-count 30 -f -o $R --metrics gpu__time_duration.sum \
     $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 4096 --recipes fp4 --check-tokens 0 >$R.log 2>&1
