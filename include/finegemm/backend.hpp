@@ -22,6 +22,12 @@ struct RunOptions {
   // completes. H200, graph replay, M = 1, N = 24576, K = 1536: 13.15-13.21 µs without it; 11.75-11.92 when the kernel
   // made these early requests whatever ran ahead (stop 20).
   bool weights_static = false;
+  // A promise for CUDA MoE calls (moe_experts): the expert weights and scales at these addresses never change while
+  // the process runs (serving: weights loaded once, never written in place). What the calls derive from them alone is
+  // then made once per weight and kept: the fold scan of FP4 experts' UE8M0 scales (FINEGEMM_FP4_SCAN_CACHE=1 does the
+  // same for every call). A weight freed and another of the same shape put at the same address would reuse the old
+  // scan. H100, DeepSeek-V3 FP4 experts at T = 4096: the layer 2.7% faster (stop 59).
+  bool weights_constant = false;
 };
 
 const char* backend_name(Backend backend);

@@ -265,12 +265,16 @@ def moe_experts(
     out_dtype=None,
     backend=Backend.Auto,
     stream=None,
+    weights_constant=False,
 ):
     """The Mixture-of-Experts block of transformers' FP8Experts:
     out[t] = sum_j top_k_weights[t, j] * down_e(act(gate_up_e(hidden[t]))), e = top_k_index[t, j] (-1: skipped).
 
     gate_up [E, 2I, H] (FP4: [E, 2I, H/2]), down [E, H, I]; scales [E, <weight_scale_shape>].
     Static activation recipe: gate_up_act_scale and down_act_scale, [E] float32.
+    weights_constant: a promise that the expert weights and scales at these addresses never change while the process
+    runs (serving), so that what is derived from them alone (the fold scan of FP4 experts' scales) is made once and
+    kept (RunOptions::weights_constant in the C++ API).
     """
     if out is None:
         out_dtype = _default_out_dtype(hidden) if out_dtype is None else out_dtype
@@ -296,5 +300,6 @@ def moe_experts(
         interleaved_gate_up=interleaved_gate_up,
         backend=backend,
         stream=_stream(stream, hidden),
+        weights_constant=weights_constant,
     )
     return out

@@ -427,21 +427,23 @@ NB_MODULE(_ext, m) {
          const fg::WeightRecipe& weight_recipe, const fg::ActivationRecipe& activation_recipe,
          nb::handle gate_up_act_scale, nb::handle down_act_scale, nb::handle gate_up_bias, nb::handle down_bias,
          fg::MoeActivation activation, float swiglu_limit, float swiglu_alpha, bool interleaved_gate_up,
-         fg::Backend backend, uintptr_t stream) {
+         fg::Backend backend, uintptr_t stream, bool weights_constant) {
         Keep keep;
         const fg::MoeArgs args = moe_args(hidden, top_k_index, top_k_weights, gate_up, gate_up_scale, down, down_scale,
                                           out_array, weight_recipe, activation_recipe, gate_up_act_scale,
                                           down_act_scale, gate_up_bias, down_bias, activation, swiglu_limit,
                                           swiglu_alpha, interleaved_gate_up, keep);
+        fg::RunOptions options = run_options(backend, stream);
+        options.weights_constant = weights_constant;
         nb::gil_scoped_release release;
-        fg::moe_experts(args, run_options(backend, stream));
+        fg::moe_experts(args, options);
       },
       "hidden"_a.none(), "top_k_index"_a.none(), "top_k_weights"_a.none(), "gate_up"_a.none(), "gate_up_scale"_a.none(),
       "down"_a.none(), "down_scale"_a.none(), "out"_a.none(), nb::kw_only(), "weight_recipe"_a, "activation_recipe"_a,
       "gate_up_act_scale"_a.none() = nb::none(), "down_act_scale"_a.none() = nb::none(),
       "gate_up_bias"_a.none() = nb::none(), "down_bias"_a.none() = nb::none(),
       "activation"_a = fg::MoeActivation::SwiGLU, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 1.702f,
-      "interleaved_gate_up"_a = false, "backend"_a = fg::Backend::Auto, "stream"_a = 0,
+      "interleaved_gate_up"_a = false, "backend"_a = fg::Backend::Auto, "stream"_a = 0, "weights_constant"_a = false,
       "The Mixture-of-Experts block of transformers' FP8Experts, written into `out` [T, H].");
 
   // ---- Expert parallelism over NCCL (finegemm/ep.hpp). A build without NCCL has the same functions; they raise

@@ -81,7 +81,7 @@ void moe_experts(const MoeArgs& args, const RunOptions& options) {
   switch (resolve(options.backend, args.hidden.device)) {
     case Backend::Reference: return cpu::reference_moe(args);
 #if FINEGEMM_WITH_CUDA
-    case Backend::Cuda: return cuda::moe_experts(args, options.stream);
+    case Backend::Cuda: return cuda::moe_experts(args, options.stream, options.weights_constant);
 #endif
     default: return cpu::fast_moe(args);
   }

@@ -12,6 +12,7 @@ void quantize_activations(const TensorView& x, const ActivationRecipe& recipe, c
                           const TensorView& x_scale, void* stream);
 // weights_static: RunOptions::weights_static.
 void linear(const LinearArgs& args, void* stream, bool weights_static = false);
-void moe_experts(const MoeArgs& args, void* stream);
+// weights_constant: RunOptions::weights_constant.
+void moe_experts(const MoeArgs& args, void* stream, bool weights_constant = false);
 
 }  // namespace finegemm::cuda

@@ -87,8 +87,8 @@ Buffer run_linear(const LinearArgs& host, const Target& target) {
 
 // `calls` calls of the layer on one upload of its inputs (the same device addresses), each into a freshly poisoned
 // output; every call's output. (A Buffer's view points into its own bytes: moved, never copied, so that it stays
-// valid.)
-std::vector<Buffer> run_moe_calls(const MoeArgs& host, const Target& target, int calls) {
+// valid.) weights_constant: RunOptions::weights_constant.
+std::vector<Buffer> run_moe_calls(const MoeArgs& host, const Target& target, int calls, bool weights_constant = false) {
   auto up = [&](const TensorView& t) { return to_device(t, target.device); };
   auto hidden = up(host.hidden), index = up(host.top_k_index), weights = up(host.top_k_weights),
        gate_up = up(host.gate_up), gate_up_scale = up(host.gate_up_scale), down = up(host.down),
@@ -112,7 +112,9 @@ std::vector<Buffer> run_moe_calls(const MoeArgs& host, const Target& target, int
     testing::poison(out);
     const DeviceTensor d_out = up(out);
     a.out = d_out.view;
-    moe_experts(a, {target.backend});
+    RunOptions options{target.backend};
+    options.weights_constant = weights_constant;
+    moe_experts(a, options);
     synchronize(target.device);
     copy_to_host(d_out.view, out);
     outs.push_back(std::move(out));
@@ -1967,6 +1969,15 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
             for (const Buffer& c : calls)
               EXPECT_EQ(c.bytes, lean_out.bytes) << "FINEGEMM_FP4_SCAN_CACHE=1: not the default's bits";
             cuda::fp4_scan_cache_clear();  // the next upload may take these addresses with other scales
+          }
+          // The same through the API's promise (RunOptions::weights_constant), the switch unset.
+          {
+            const long long scans = cuda::fp4_scan_cache_scans(), hits = cuda::fp4_scan_cache_hits();
+            const std::vector<Buffer> calls = run_moe_calls(f, target(), 2, /*weights_constant=*/true);
+            EXPECT_EQ(cuda::fp4_scan_cache_scans() - scans, 2) << "weights_constant: gate_up's and down's scans";
+            EXPECT_EQ(cuda::fp4_scan_cache_hits() - hits, 4) << "weights_constant: two calls of two GEMMs";
+            for (const Buffer& c : calls) EXPECT_EQ(c.bytes, lean_out.bytes) << "weights_constant: not the default's bits";
+            cuda::fp4_scan_cache_clear();
           }
         }
       }

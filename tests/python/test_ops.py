@@ -179,6 +179,9 @@ def test_moe_deterministic():
     first = finegemm.moe_experts(*operands, **args)
     second = finegemm.moe_experts(*operands, **args)
     assert first.view(np.uint16).tobytes() == second.view(np.uint16).tobytes()
+    # The serving promise (RunOptions::weights_constant) changes no bit: on the CPU it derives nothing.
+    promised = finegemm.moe_experts(*operands, weights_constant=True, **args)
+    assert promised.view(np.uint16).tobytes() == first.view(np.uint16).tobytes()
 
 
 def test_zero_copy_output_and_inputs():

@@ -110,6 +110,9 @@ struct GemmParams {
   // copies requests into L2, by one bulk prefetch each, the tile's FP4 B scale words (kFp4B) and its rows' A scales
   // (grouped, row-major), ahead of the threads that load them one K block at a time (lean_prefetch_scales).
   bool lean_scale_prefetch = false;
+  // Host side only (RunOptions::weights_constant, MoE calls): the caller promises B and its scales never change, so
+  // the FP4 lean kernels' fold scan is kept per weight (fp4_scan_kept).
+  bool weights_constant = false;
   // 128-wide promotion in 128x64 / 128x128 tiles: two accumulator sets, the wgmma of the next K block running while
   // the previous one is promoted (sm90_fp8_gemm.cuh). On (FINEGEMM_GEMM_DOUBLE_ACC=0 turns it off); dense 128x64
   // tiles take it only with FINEGEMM_GEMM_DOUBLE_ACC=1 (gemm_launch.cuh has the measurements).

@@ -145,7 +145,7 @@ MoeGateLayout moe_gate_layout(const MoeArgs& args) {
 }
 
 void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream,
-                      const MoeDecodeScratch* decode_scratch, bool chain) {
+                      const MoeDecodeScratch* decode_scratch, bool chain, bool weights_constant) {
   if (in.rows > 0 && moe_decode_path(args, in.rows))
     return moe_expert_gemms_decode(args, in, y, y_f32, stream, decode_scratch, chain);
   if (in.perm_k)
@@ -181,6 +181,7 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
     // rel 1.1-1.4e-2 on every recipe, as BF16-rounded gate and up values flip FP8 roundings of the requantized h.
     StreamScratch y_gu(rows * gate_up_rows * 4, stream);
     GemmParams p = moe_expert_gemm_params(args, true, rows);
+    p.weights_constant = weights_constant;
     if (per_token)
       set_activation_scales(p, act, in.x_scale, 1, 1, hidden, nullptr);
     else
@@ -210,6 +211,7 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
     }
   } else {
     GemmParams p = moe_expert_gemm_params(args, true, rows);
+    p.weights_constant = weights_constant;
     set_activation_scales(p, act, in.x_scale, x_scale_cols, 1, hidden, in.gate_up_act_scale);
     p.b_layout = !gated ? BLayout::Plain : (args.interleaved_gate_up ? BLayout::Interleaved : BLayout::GateUpHalves);
     p.gate_up_split = static_cast<int>(inter);
@@ -231,6 +233,7 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
   // down, times the routing weight: y [rows, H].
   {
     GemmParams p = moe_expert_gemm_params(args, false, rows);
+    p.weights_constant = weights_constant;
     set_activation_scales(p, act, h_scale.as<float>(), h_scale_cols, 1, inter, in.down_act_scale);
     p.row_weight = in.row_weight;
     p.out = y;
@@ -241,7 +244,7 @@ void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool
   }
 }
 
-void moe_experts(const MoeArgs& args, void* stream_handle) {
+void moe_experts(const MoeArgs& args, void* stream_handle, bool weights_constant) {
   const DeviceGuard guard(args.hidden.device.index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const int64_t num_tokens = args.hidden.shape[0], hidden = args.hidden.shape[1];
@@ -306,7 +309,8 @@ void moe_experts(const MoeArgs& args, void* stream_handle) {
   in.gate_up_act_scale = gate_up_act_scale;
   in.down_act_scale = args.down_act_scale.defined() ? args.down_act_scale.ptr<float>() : nullptr;
   in.perm_k = perm_k;
-  moe_expert_gemms(args, in, y.as<void>(), y_f32, stream, decode_scratch ? &*decode_scratch : nullptr, chain);
+  moe_expert_gemms(args, in, y.as<void>(), y_f32, stream, decode_scratch ? &*decode_scratch : nullptr, chain,
+                   weights_constant);
 
   // 5. Combine: one gather per token, slots summed in order.
   launch_moe_combine(y.as<void>(), y_f32 ? DType::F32 : DType::BF16, routing, num_tokens, top_k, hidden, args.out.data,

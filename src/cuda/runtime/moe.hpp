@@ -50,9 +50,11 @@ struct PermutedRows {
 // The experts' two grouped GEMMs: gate_up with the activation and its requantization fused, then down with the
 // routing weight in its epilogue: y [rows, H] (F32 or BF16, rows scaled by their routing weight), in the rows'
 // order. Weights, scales, biases and the activation come from `args`; its hidden/top_k/out are not read.
-// decode_scratch / chain: passed on to moe_expert_gemms_decode on the decode path.
+// decode_scratch / chain: passed on to moe_expert_gemms_decode on the decode path. weights_constant:
+// RunOptions::weights_constant (GemmParams::weights_constant of the grouped GEMMs).
 void moe_expert_gemms(const MoeArgs& args, const PermutedRows& in, void* y, bool y_f32, cudaStream_t stream,
-                      const struct MoeDecodeScratch* decode_scratch = nullptr, bool chain = false);
+                      const struct MoeDecodeScratch* decode_scratch = nullptr, bool chain = false,
+                      bool weights_constant = false);
 // The expert GEMMs' common parameters: shapes, promotion, weight scales and bias (gate_up: K = H; down: K = I),
 // a_group for group activation scales; the callers add the activation scales and the output.
 GemmParams moe_expert_gemm_params(const MoeArgs& args, bool gate_up, int64_t rows);

@@ -133,14 +133,15 @@ void launch_sm90_fp8_grouped_gemm(const void* a, int64_t lda, const void* b, int
   // grouped lean kernel, which expands each packed K block in its producer warpgroup: no E4M3 scratch, each expert's
   // weights read packed. The fold scan, the lean kernel gated to run where every 128x128 tile folds, and the FP4
   // kernel below gated to run where one does not.
-  // FINEGEMM_FP4_SCAN_CACHE=1: the scan kept for these weight scales (fp4_scan_kept), made on the first call.
+  // RunOptions::weights_constant or FINEGEMM_FP4_SCAN_CACHE=1: the scan kept for these weight scales (fp4_scan_kept),
+  // made on the first call.
   std::optional<Fp4Expansion> scanned;
   const Fp4Expansion* scan = nullptr;
   if (const int fp4_lean_m = p.b_fp4 && epilogue == Epilogue::Store
                                  ? fp4_lean_block_m(true, layout.expected_rows_per_group)
                                  : 0;
       fp4_lean_m != 0 && lean_fp4_ok(p, fp4_lean_m, true, layout.num_groups, device)) {
-    if (fp4_scan_cache_wanted()) scan = fp4_scan_kept(b, ldb, p, layout.num_groups, stream);
+    if (p.weights_constant || fp4_scan_cache_wanted()) scan = fp4_scan_kept(b, ldb, p, layout.num_groups, stream);
     if (scan == nullptr) {
       scanned.emplace(b, ldb, p, layout.num_groups, layout.offsets, layout.offsets ? nullptr : layout.counts, stream,
                       Fp4Expansion::Mode::ScanOnly);
