@@ -9,6 +9,8 @@
 // A configuration whose check fails prints its error and no timings. Routing rotates among several random routings
 // for T <= 128, so the L2 does not serve a small layer's experts from one call to the next. Expert weights are E4M3
 // bytes tiled from a random chunk on the device (no CPU quantization of gigabytes).
+// --weights-constant passes RunOptions::weights_constant (the serving promise: FP4 experts' fold scans kept per weight;
+// the kept scans are dropped after each configuration) and records it in the output.
 // Prints one JSON object per line (bench/moe.py merges them with the torch baselines).
 #include <cuda_runtime.h>
 
@@ -24,6 +26,7 @@
 
 #include "core/device_buffer.hpp"
 #include "core/formats.hpp"
+#include "cuda/runtime/fp4_expand.hpp"
 #include "cuda/runtime/gemm_args.hpp"
 #include "cuda/runtime/moe.hpp"
 #include "cuda/runtime/moe_routing.hpp"
@@ -437,6 +440,7 @@ int main(int argc, char** argv) {
   int iter_scale = 1;
   double tolerance = 1e-2;
   bool keep_pool = true;
+  bool weights_constant = false;  // RunOptions::weights_constant (the serving promise)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--tokens" && i + 1 < argc) {
@@ -454,11 +458,13 @@ int main(int argc, char** argv) {
       tolerance = std::atof(argv[++i]);
     } else if (a == "--default-pool") {
       keep_pool = false;
+    } else if (a == "--weights-constant") {
+      weights_constant = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_cuda_moe [--layers deepseek-v3,qwen3-30b-a3b] [--tokens 1,16,...] "
                    "[--recipes dynamic,static,ue8m0,fp4] [--check-tokens 4] [--iter-scale 1] [--tolerance 1e-2] "
-                   "[--default-pool]\n");
+                   "[--default-pool] [--weights-constant]\n");
       return 2;
     }
   }
@@ -564,7 +570,8 @@ int main(int argc, char** argv) {
           a.out = TensorView::of(out_ptr, DType::BF16, {T, H}, kGpu);
           return a;
         };
-        const RunOptions opt{Backend::Cuda, stream};
+        RunOptions opt{Backend::Cuda, stream};
+        opt.weights_constant = weights_constant;
 
         // 1. Correctness: the layer vs the CPU reference; the step sequence vs the layer, bit for bit.
         const MoeArgs a0 = with_routing(args, 0, out.data());
@@ -654,13 +661,16 @@ int main(int argc, char** argv) {
                     "\"steps_match_layer\": %s, \"layer_us\": %.3f, \"layer_us_graph\": %.3f, \"route_us\": %.3f, "
                     "\"permute_us\": %.3f, \"gate_up_us\": %.3f, \"down_us\": %.3f, \"combine_us\": %.3f, "
                     "\"steps_us\": %.3f, \"gemm_tflops\": %.1f, \"experts_touched\": %.2f, \"weight_bytes\": %.0f, "
-                    "\"weight_tbps\": %.3f, \"iters\": %d, \"routings\": %d, \"path\": \"%s\"}\n",
+                    "\"weight_tbps\": %.3f, \"iters\": %d, \"routings\": %d, \"path\": \"%s\", "
+                    "\"weights_constant\": %s}\n",
                     L.name.c_str(), var.name.c_str(), (long long)T, (long long)H, (long long)I, L.experts, L.top_k,
                     (long long)rows, json_num(chk.rel).c_str(), samples, steps_match ? "true" : "false", median(layer_t), us_graph,
                     step_us[0], step_us[1], step_us[2], step_us[3], step_us[4], steps_sum, flops / gemm_us / 1e6,
                     distinct_mean, touched_bytes, touched_bytes / gemm_us / 1e6, iters, num_routings,
-                    cuda::moe_decode_path(args, rows) ? "decode" : "grouped");
+                    cuda::moe_decode_path(args, rows) ? "decode" : "grouped", weights_constant ? "true" : "false");
         std::fflush(stdout);
+        // The kept scans belong to these weights, whose memory the next layer or recipe may take.
+        if (weights_constant) cuda::fp4_scan_cache_clear();
       }
     }
   }
