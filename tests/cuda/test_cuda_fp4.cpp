@@ -1964,7 +1964,8 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
             const ScopedEnv cache("FINEGEMM_FP4_SCAN_CACHE", "1");
             const long long scans = cuda::fp4_scan_cache_scans(), hits = cuda::fp4_scan_cache_hits();
             const std::vector<Buffer> calls = run_moe_calls(f, target(), 2);
-            EXPECT_EQ(cuda::fp4_scan_cache_scans() - scans, 2) << "FINEGEMM_FP4_SCAN_CACHE=1: gate_up's and down's scans";
+            EXPECT_EQ(cuda::fp4_scan_cache_scans() - scans, 2)
+                << "FINEGEMM_FP4_SCAN_CACHE=1: gate_up's and down's scans";
             EXPECT_EQ(cuda::fp4_scan_cache_hits() - hits, 4) << "FINEGEMM_FP4_SCAN_CACHE=1: two calls of two GEMMs";
             for (const Buffer& c : calls)
               EXPECT_EQ(c.bytes, lean_out.bytes) << "FINEGEMM_FP4_SCAN_CACHE=1: not the default's bits";
@@ -1976,7 +1977,8 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
             const std::vector<Buffer> calls = run_moe_calls(f, target(), 2, /*weights_constant=*/true);
             EXPECT_EQ(cuda::fp4_scan_cache_scans() - scans, 2) << "weights_constant: gate_up's and down's scans";
             EXPECT_EQ(cuda::fp4_scan_cache_hits() - hits, 4) << "weights_constant: two calls of two GEMMs";
-            for (const Buffer& c : calls) EXPECT_EQ(c.bytes, lean_out.bytes) << "weights_constant: not the default's bits";
+            for (const Buffer& c : calls)
+              EXPECT_EQ(c.bytes, lean_out.bytes) << "weights_constant: not the default's bits";
             cuda::fp4_scan_cache_clear();
           }
         }

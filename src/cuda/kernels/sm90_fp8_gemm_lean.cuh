@@ -924,7 +924,8 @@ __device__ __forceinline__ void lean_gemm_body(const CUtensorMap& tma_a, const C
     if constexpr (kFp4B && !kStreamK) {
       if (p.lean_scale_prefetch && threadIdx.x == 0) {
         auto one = [&](const Tile& x) {
-          lean_prefetch_scales(p, &fp4, x.group, x.n0, kGrouped ? x.m0 : 0, kGrouped ? min(x.m_end, x.m0 + BLOCK_M) : 0);
+          lean_prefetch_scales(p, &fp4, x.group, x.n0, kGrouped ? x.m0 : 0,
+                               kGrouped ? min(x.m_end, x.m0 + BLOCK_M) : 0);
         };
         if (t == first_tile()) one(tile);
         if (t + tile_stride() < num_tiles) one(tile_of(t + tile_stride()));
