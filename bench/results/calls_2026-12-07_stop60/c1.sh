@@ -27,12 +27,12 @@ echo "-- dense decode $(el)"
 timeout 90 $B/bench/bench_cuda_linear --m 1,16,64 --nk 7168:16384,4096:7168 --variants block-fp32-dynamic,mxfp4-group128 >$W/decode.jsonl 2>$W/decode.err
 grep -h '^{' $W/decode.jsonl | python3 -c 'import json,sys
 for l in sys.stdin:
-  r=json.loads(l); print("  " + " ".join("%s=%s" % (k, r[k]) for k in ("variant","m","n","k","us","graph_us","check","status") if k in r))'
+  r=json.loads(l); print("  " + " ".join("%s=%s" % (k, r[k]) for k in ("variant","m","n","k","us","us_graph","rel_err") if k in r))'
 echo "-- FP4 decode A/B: default, 256 of K per stage (128-byte rows), permuted $(el)"
 timeout 80 $B/bench/bench_cuda_linear --m 1,16 --nk 7168:16384,4096:7168 --variants mxfp4-group128 --envs ';FINEGEMM_FP4_DECODE_STAGE_K=256;FINEGEMM_FP4_DECODE_PERM=1' >$W/decode_ab.jsonl 2>$W/decode_ab.err
 grep -h '^{' $W/decode_ab.jsonl | python3 -c 'import json,sys
 for l in sys.stdin:
-  r=json.loads(l); print("  " + " ".join("%s=%s" % (k, r[k]) for k in ("variant","env","envs","m","n","k","us","graph_us","check") if k in r))'
+  r=json.loads(l); print("  " + " ".join("%s=%s" % (k, r[k]) for k in ("variant","env","envs","m","n","k","us","us_graph","rel_err") if k in r))'
 for perm in 0 1; do
   left $(( LIMIT - 70 )) || break
   R=$W/ncu_p$perm
