@@ -16,7 +16,7 @@ one() {
 for l in sys.stdin: r=json.loads(l); print("  %-14s T=%-5d %-20s layer %8.1f us gemm %6.1f TF/s %s" % (sys.argv[1], r["T"], r["variant"], r["layer_us"], r["gemm_tflops"], r["check"]))' $name
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-for round in 1 2 3; do
+for round in $(seq 1 ${ROUNDS:-3}); do
   left $(( LIMIT - 260 )) || break
   echo "-- round $round $(el)"
   one fp8_$round deepseek-v3 4096 dynamic X=1
