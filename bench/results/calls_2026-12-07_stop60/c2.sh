@@ -12,7 +12,7 @@ one() {
   local name=$1 L=$2 T=$3 r=$4; shift 4
   env "$@" timeout 60 $B/bench/bench_cuda_moe --layers $L --tokens $T --recipes $r --check-tokens 1 >$W/$name.jsonl 2>$W/$name.err
   grep -h '^{' $W/$name.jsonl | python3 -c 'import json,sys
-for l in sys.stdin: r=json.loads(l); print("  %-14s T=%-5d %-20s layer %8.1f us graph %8.1f gemm %6.1f TF/s %s" % (sys.argv[1], r["T"], r["variant"], r["layer_us"], r.get("layer_graph_us", r.get("graph_us", 0)) or 0, r["gemm_tflops"], r["check"]))' $name
+for l in sys.stdin: r=json.loads(l); print("  %-14s T=%-5d %-20s layer %8.1f us graph %8.1f gemm %6.1f TF/s %s" % (sys.argv[1], r["T"], r["variant"], r["layer_us"], r.get("layer_us_graph", 0), r["gemm_tflops"], r["check"]))' $name
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for round in 4 5; do
