@@ -1176,6 +1176,47 @@ TEST_P(Fp4Linear, ExactPermutedDecode) {
   }
 }
 
+// The FP4 decode kernel whose threads copy their own weights (FINEGEMM_FP4_DECODE_LDG=1, sm90_fp4_decode_ldg.cuh):
+// the permuted test's weights (K = 640: one chunk of 512 with a wide row in each block, then a tail chunk of one
+// block; 20 scale bytes per row, so the 4-byte scale copies) and K = 1536 (three whole chunks, 48 scale bytes per
+// row, so the 16-byte copies), whose second chunk has one wide row (its four-chain path between two folding chunks,
+// the ring's wrap). M = 1, 7, 16, 33 and 64 (all four token widths), static and group-128 activations, unsplit and
+// split in 2 and 3 (a split of one chunk, and splits that end on the tail). Every such call takes the kernel (its
+// launch counter); packed UE8M0 scales take the permuted kernel instead.
+TEST_P(Fp4Linear, ExactLdgDecode) {
+  if (!gpu()) GTEST_SKIP() << "the direct-copy decode is a CUDA path";
+  const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
+  const int64_t wide_row[] = {77, 130, 207, 0, -1};
+  const int wide_spread[] = {9, 40, kExtreme, 12, 0};
+  const Fp4Matrix tail = crafted_matrix(208, 640, [&](int64_t row, int64_t b) {
+    return row == wide_row[b] ? wide_spread[b] : uniform_int(0, 8);
+  });
+  for (int64_t b = 0; b < 4; ++b) ASSERT_GT(tail.spread(wide_row[b], b), 8) << "self-check: block " << b;
+  const Fp4Matrix whole = crafted_matrix(200, 1536, [&](int64_t row, int64_t b) {
+    return row == 100 && b == 5 ? 20 : uniform_int(0, 8);
+  });
+  ASSERT_GT(whole.spread(100, 5), 8) << "self-check: the second chunk's wide row";
+  const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 7, 16, 33, 64};
+  const std::vector<const char*> splits = quick ? std::vector<const char*>{"", "3"}
+                                                : std::vector<const char*>{"", "2", "3"};
+  for (const char* split : splits) {
+    const ScopedEnv ldg("FINEGEMM_FP4_DECODE_LDG", "1"), forced("FINEGEMM_FP4_DECODE_SPLIT", split),
+        no_gemv("FINEGEMM_FP4_GEMV", "0");
+    for (const Fp4Matrix* w : {&tail, &whole}) {
+      const std::string what = "direct-copy decode (K=" + std::to_string(w->k) + ", split '" + split + "')";
+      const long long before = cuda::fp4_decode_ldg_launches();
+      check_exact(target(), gpu(), what, *w, ms, {ScaleKind::UE8M0}, {ActKind::Static, ActKind::Group128Pow2});
+      EXPECT_GE(cuda::fp4_decode_ldg_launches() - before, static_cast<long long>(2 * ms.size()))
+          << what << ": some call the kernel serves did not take it";
+      const long long after = cuda::fp4_decode_ldg_launches();
+      const long long perm_before = cuda::fp4_decode_perm_launches();
+      check_exact(target(), gpu(), what + ", packed scales", *w, {7}, {ScaleKind::UE8M0Packed}, {ActKind::Static});
+      EXPECT_EQ(cuda::fp4_decode_ldg_launches(), after) << what << ": packed scales took the direct-copy kernel";
+      EXPECT_GT(cuda::fp4_decode_perm_launches(), perm_before) << what << ": packed scales did not take the permuted one";
+    }
+  }
+}
+
 // Spreads 9, 12, 40 and 2^-60..2^+30 in every row: promotion per 32 everywhere.
 TEST_P(Fp4Linear, ExactPromoteSpreads) {
   const int spreads[] = {9, 12, 40, kExtreme};

@@ -34,6 +34,7 @@
 // (splitk_reduce_kernel finishes), or, with p.decode_cluster_reduce, stay in shared memory and the tile's cluster of
 // split CTAs sums them there; otherwise the epilogue stores y with the row/col scales and the bias.
 #pragma once
+#include "cuda/kernels/fp4_decode_common.cuh"
 #include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
 #include "cuda/kernels/split_finish.cuh"
@@ -81,17 +82,6 @@ struct Fp4DecodeSmem {
 template <bool kFp8W, int kRows = kFp4DecodeRows, int kPreparers = 1, bool kPermK = false>
 inline constexpr int kFp4DecodeThreads = 2 * kRows + 32 + (kFp8W || kPermK ? 0 : 32 * kPreparers);
 
-// Row d of the fold table (fp4_fold_table_word): x holds codes 0-3, y codes 4-7.
-__device__ __forceinline__ uint2 fp4_fold_table_row(int d) {
-  return make_uint2(fp4_fold_table_word(d, 0), fp4_fold_table_word(d, 1));
-}
-
-// fmt::ue8m0_to_float without branches: 2^(e - 127), e = 0 → 2^-127 (a float subnormal), e = 255 → NaN.
-__device__ __forceinline__ float ue8m0_bits_to_float(uint32_t e) {
-  const uint32_t bits = e == 0u ? 0x00400000u : (e == 255u ? 0x7FC00000u : e << 23);
-  return __uint_as_float(bits);
-}
-
 // The wgmma A fragment (m64k32, 8-bit) of step s for this thread: rows r and r + 8 of the warp's 16, columns
 // 4t..4t+3 and 16+4t..16+4t+3. In the packed tile (kRowBytes per row) a step is one 16-byte chunk of each row; the
 // thread's columns are bytes 2t..2t+1 and 8+2t..9+2t of it. Swizzled, chunk c of row r sits at c ^ (r/2 % 4) with
@@ -121,15 +111,6 @@ __device__ __forceinline__ void fp4_fragment_expand(const uint32_t (&raw)[4], ui
   a[3] = e2m1x4_to_e4m3x4(raw[3], tab1.x, tab1.y);
 }
 
-__device__ __forceinline__ void store_one(const GemmParams& p, int row, int col, float v) {
-  const int64_t offset = static_cast<int64_t>(row) * p.ldo + col;
-  switch (p.out_dtype) {
-    case OutDType::F32: static_cast<float*>(p.out)[offset] = v; break;
-    case OutDType::BF16: static_cast<__nv_bfloat16*>(p.out)[offset] = __float2bfloat16_rn(v); break;
-    case OutDType::F16: static_cast<__half*>(p.out)[offset] = __float2half_rn(v); break;
-  }
-}
-
 // Four UE8M0 scales (one byte each, group j in byte j) as floats, exactly (ue8m0_bits_to_float): the common case,
 // no byte 0 or 255, takes a shift and a mask per scale.
 __device__ __forceinline__ void ue8m0x4_to_float(uint32_t w, float (&out)[4]) {
@@ -144,12 +125,6 @@ __device__ __forceinline__ void ue8m0x4_to_float(uint32_t w, float (&out)[4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) out[j] = ue8m0_bits_to_float((w >> (8 * j)) & 0xFFu);
   }
-}
-
-template <int N>
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
 // A role's position in the stage ring: the stage and the parity of its barriers' current phase, advanced by one

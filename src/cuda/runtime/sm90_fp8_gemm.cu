@@ -364,7 +364,9 @@ bool fp4_decode_perm_ok(const GemmParams& p, bool grouped) {
 }
 
 bool fp4_decode_perm_wanted(const GemmParams& p) {
-  return fp4_decode_perm_ok(p, false) && env_switch("FINEGEMM_FP4_DECODE_PERM", false) &&
+  // The direct-copy kernel (FINEGEMM_FP4_DECODE_LDG=1) takes the same order.
+  return fp4_decode_perm_ok(p, false) &&
+         (env_switch("FINEGEMM_FP4_DECODE_PERM", false) || fp4_decode_ldg_wanted()) &&
          env_switch("FINEGEMM_FP4_DECODE", true);
 }
 
@@ -401,7 +403,12 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // cuBLASLt's 10.9.
   const bool fp8_decode_default = (p.m <= 32 && (p.k > 512 || p.m < 8)) || (p.m <= 64 && p.k >= 8192);
   const bool fp8_decode = decode_kind == DecodeKind::Fp8 && env_switch("FINEGEMM_FP8_DECODE", fp8_decode_default);
-  const Fp4DecodeConfig decode = (fp4_decode && !fp4_gemv) || fp8_decode
+  // The FP4 decode kernel whose threads copy their own weights (FINEGEMM_FP4_DECODE_LDG=1; the permuted kernel
+  // where it does not serve the call).
+  const bool fp4_ldg = fp4_decode && p.a_perm_k && fp4_decode_ldg_wanted() && fp4_decode_ldg_ok(p, a, lda, b, ldb);
+  const Fp4LdgConfig ldg = fp4_ldg ? choose_fp4_decode_ldg_config(p.m, p.n, p.k, num_sms_of_device(device), device)
+                                   : Fp4LdgConfig{};
+  const Fp4DecodeConfig decode = (fp4_decode && !fp4_gemv && !fp4_ldg) || fp8_decode
                                      ? choose_fp4_decode_config(p.m, p.n, p.k, num_sms_of_device(device), device,
                                                                 fp8_decode, 0, p.a_perm_k)
                                      : Fp4DecodeConfig{};
@@ -458,7 +465,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     }
   }
   GemmConfig c = choose_gemm_config(p.m, p.n, p.k, promote_k, num_sms_of_device(device));
-  if (fp4_decode || fp8_decode) c.split_k = fp4_gemv ? gemv.split_k : decode.split_k;
+  if (fp4_decode || fp8_decode) c.split_k = fp4_gemv ? gemv.split_k : (fp4_ldg ? ldg.split_k : decode.split_k);
   // The A scales by one bulk copy per stage (the E4M3 kernels promoting every 128 of K).
   p.a_scale_bulk = !(fp4_decode || fp8_decode) && !p.b_fp4 && promote_k == 128 && a_scale_bulk_wanted() && a_scale_bulk_ok(p);
   // Double accumulators: 128x128 tiles by default; 128x64 ones only when asked for (mixed results, gemm_launch.cuh).
@@ -504,7 +511,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
     }
   } owned{nullptr, stream};
   // The dense decode kernel may reduce its splits inside a cluster instead (GemmParams::decode_cluster_reduce).
-  p.decode_cluster_reduce = (fp4_decode || fp8_decode) && !fp4_gemv && c.split_k > 1 && c.split_k <= 8 &&
+  p.decode_cluster_reduce = (fp4_decode || fp8_decode) && !fp4_gemv && !fp4_ldg && c.split_k > 1 && c.split_k <= 8 &&
                             env_switch("FINEGEMM_DECODE_CLUSTER_REDUCE", false);
   // The GEMV always writes partials (the reduce applies the epilogue), even unsplit.
   if ((c.split_k > 1 || fp4_gemv) && !p.decode_cluster_reduce) {
@@ -519,6 +526,7 @@ void launch_sm90_fp8_gemm(const void* a, int64_t lda, const void* b, int64_t ldb
   // (group 32, block 32x32, MX 1x32) promote every 32.
   bool finished = false;  // the decode kernel summed its own splits (FINEGEMM_DECODE_SPLIT_FINISH)
   if (fp4_gemv) finished = launch_sm90_fp4_gemv(a, lda, b, ldb, p, gemv, stream);
+  else if (fp4_ldg) launch_sm90_fp4_decode_ldg(a, lda, b, ldb, p, ldg, stream);
   else if (fp4_decode || fp8_decode) finished = launch_sm90_fp4_decode(a, lda, b, ldb, p, decode, stream);
   else if (p.b_fp4) dispatch_dense_fp4(c, tma_a, tma_b, p, s64, s128, stream);
   else if (!promote) dispatch_dense<0>(c, tma_a, tma_b, p, s64, s128, s192, s256, s384, shared_a, stream);

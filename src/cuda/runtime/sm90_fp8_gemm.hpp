@@ -145,6 +145,23 @@ Fp4GemvConfig choose_fp4_gemv_config(int m, int n, int k, ScaleFmt fmt, int num_
 bool launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
                           const Fp4GemvConfig& c, cudaStream_t stream);
 
+// The FP4 decode kernel whose threads copy their own weights (sm90_fp4_decode_ldg.cuh; FINEGEMM_FP4_DECODE_LDG=1, off
+// until measured): dense calls on permuted activations (GemmParams::a_perm_k) with UE8M0 byte scales and the 16-byte
+// alignment fp4_decode_ldg_ok checks (else the permuted kernel runs). Split-K partials go to p.workspace
+// ([split_k][M][N]) for splitk_reduce_kernel; unsplit, the kernel applies the epilogue.
+struct Fp4LdgConfig {
+  int wn = 8;                // token columns of the wgmma: 8, 16, 32 or 64
+  int tiles = 0;             // 64-row weight tiles
+  int split_k = 1;           // CTAs along K
+  int chunks_per_split = 1;  // 512s of K per CTA
+};
+bool fp4_decode_ldg_wanted();
+bool fp4_decode_ldg_ok(const GemmParams& p, const void* a, int64_t lda, const void* b, int64_t ldb);
+Fp4LdgConfig choose_fp4_decode_ldg_config(int m, int n, int k, int num_sms, int device);
+void launch_sm90_fp4_decode_ldg(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
+                                const Fp4LdgConfig& c, cudaStream_t stream);
+long long fp4_decode_ldg_launches();  // launches of that kernel in this process (tests)
+
 // The decode kernel's recipes (any M: callers choose by M): FP4 weights with MX 1x32 scales, or E4M3 weights with
 // block scales constant over 64 rows and 128 of K (activation scales constant over 128 of K); activation groups of
 // 32, 64 or multiples of 128 (FP4), per-token or static scales. None, Fp4 or Fp8.
