@@ -1828,30 +1828,39 @@ TEST_P(Fp4Moe, ExpertsWithCraftedSpreadsMatchReference) {
     // also split in 2 along K (the reduce kernel, or the split finished in the kernel); and on the plain kernel
     // (FINEGEMM_FP4_DECODE_PERM=0) with the preparer warp and without it (FINEGEMM_FP4_DECODE_DIRECT=1), and without
     // programmatic dependent launch of the expert GEMMs (FINEGEMM_PDL=0; on by default).
+    // The kernel whose threads copy their own weights (FINEGEMM_FP4_DECODE_LDG=1, unsplit and split in 2) takes the
+    // permuted calls with byte UE8M0 scales; packed ones stay on the permuted kernel.
     struct DecodeEnv {
-      const char *direct, *pdl, *perm, *split, *finish;
+      const char *direct, *pdl, *perm, *split, *finish, *ldg;
     };
     const bool perm_served = v.kind != ScaleKind::F32Pow2 && v.act.group_size == 128;
-    for (const DecodeEnv& d : {DecodeEnv{"", "", "", "", ""}, DecodeEnv{"", "", "0", "", ""}, DecodeEnv{"1", "", "0", "", ""},
-                               DecodeEnv{"", "0", "0", "", ""}, DecodeEnv{"", "", "1", "2", ""},
-                               DecodeEnv{"", "", "1", "2", "1"}}) {
-      if ((*d.direct || *d.pdl || *d.perm || *d.split) && !gpu()) continue;
+    for (const DecodeEnv& d : {DecodeEnv{"", "", "", "", "", ""}, DecodeEnv{"", "", "0", "", "", ""},
+                               DecodeEnv{"1", "", "0", "", "", ""}, DecodeEnv{"", "0", "0", "", "", ""},
+                               DecodeEnv{"", "", "1", "2", "", ""}, DecodeEnv{"", "", "1", "2", "1", ""},
+                               DecodeEnv{"", "", "", "", "", "1"}, DecodeEnv{"", "", "", "2", "", "1"}}) {
+      if ((*d.direct || *d.pdl || *d.perm || *d.split || *d.ldg) && !gpu()) continue;
       SCOPED_TRACE(std::string("FINEGEMM_FP4_DECODE_DIRECT=") + d.direct + " FINEGEMM_PDL=" + d.pdl +
                    " FINEGEMM_FP4_DECODE_PERM=" + d.perm + " FINEGEMM_FP4_DECODE_SPLIT=" + d.split +
-                   " FINEGEMM_DECODE_SPLIT_FINISH=" + d.finish);
+                   " FINEGEMM_DECODE_SPLIT_FINISH=" + d.finish + " FINEGEMM_FP4_DECODE_LDG=" + d.ldg);
       const ScopedEnv direct("FINEGEMM_FP4_DECODE_DIRECT", d.direct), programmatic("FINEGEMM_PDL", d.pdl),
           permuted("FINEGEMM_FP4_DECODE_PERM", d.perm), split("FINEGEMM_FP4_DECODE_SPLIT", d.split),
-          finish("FINEGEMM_DECODE_SPLIT_FINISH", d.finish);
+          finish("FINEGEMM_DECODE_SPLIT_FINISH", d.finish), ldg("FINEGEMM_FP4_DECODE_LDG", d.ldg);
       // The decode path and kernel as by default, whatever the caller's environment says.
       const ScopedEnv decode_path("FINEGEMM_MOE_DECODE", ""), fp4_decode("FINEGEMM_FP4_DECODE", "");
       const long long perm_before = gpu() ? cuda::fp4_decode_perm_launches() : 0;
+      const long long ldg_before = gpu() ? cuda::fp4_decode_ldg_launches() : 0;
       const Buffer out = run_moe(a, target());
       const auto cmp = testing::compare(out, ref);
       EXPECT_EQ(cmp.non_finite, 0);
       EXPECT_LE(cmp.rel, bar(cmp.rel));
-      if (gpu())
-        EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm_before, std::string(d.perm) != "0" && perm_served ? 2 : 0)
+      if (gpu()) {
+        const bool perm = std::string(d.perm) != "0" && perm_served;
+        const bool ldg_served = perm && *d.ldg && v.kind == ScaleKind::UE8M0;
+        EXPECT_EQ(cuda::fp4_decode_perm_launches() - perm_before, perm && !ldg_served ? 2 : 0)
             << "the permuted decode kernel: gate_up and down when the recipe allows it, else never";
+        EXPECT_EQ(cuda::fp4_decode_ldg_launches() - ldg_before, ldg_served ? 2 : 0)
+            << "the direct-copy decode kernel: gate_up and down where it serves the call, else never";
+      }
     }
     double ref_norm = 0;
     for (int64_t i = 0; i < ref.numel(); ++i) ref_norm += std::fabs(testing::get(ref, i));

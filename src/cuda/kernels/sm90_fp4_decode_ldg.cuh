@@ -79,10 +79,15 @@ __device__ __forceinline__ void ldg_cp_async_wait() {
 // grid: tiles × split_k CTAs of 128 threads; each split takes chunks [split · chunks_per_split, ...) of 512 of K.
 // words16: the weight scale rows are 16-byte aligned (one copy of a row's 16 scale bytes per chunk), else four 4-byte
 // copies (4-byte aligned rows of a multiple of 4 groups, as the permuted kernel asks).
-template <int WN>
+// kGrouped (MoE experts on the decode path, FINEGEMM_FP4_DECODE_LDG=1 there too): blockIdx.x is (expert slot, tile,
+// split) over the experts listed on the device (DecodeGroups, as the FP4 decode kernel's grouped launch); the expert's
+// rows of x run in chunks of WN (each streams the expert's weights again), and the epilogue applies its scales, bias
+// (split 0) and the rows' routing weights; split-K partials hold the whole epilogue (the reduce only sums).
+template <int WN, bool kGrouped = false>
 __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
     sm90_fp4_decode_ldg_kernel(const uint8_t* __restrict__ x, int64_t lda, const uint8_t* __restrict__ w, int64_t ldw,
-                               const GemmParams p, int split_k, int chunks_per_split, bool words16) {
+                               const GemmParams p, int split_k, int chunks_per_split, bool words16,
+                               const DecodeGroups groups, int tiles) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(WN == 8 || WN == 16 || WN == 32 || WN == 64, "WN: 8, 16, 32 or 64 token columns");
   using Smem = Fp4LdgSmem<WN>;
@@ -100,8 +105,20 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int split = static_cast<int>(blockIdx.x) % split_k;
-  const int tile = static_cast<int>(blockIdx.x) / split_k;
+  const int tile = static_cast<int>(blockIdx.x) / split_k % tiles;
   const int n0 = tile * kFp4LdgRows;
+  // The weights are no kernel's output, the activations (and, grouped, the expert list) are: wait for the kernel
+  // ahead (a no-op without a programmatic launch) before reading anything.
+  cudaGridDependencySynchronize();
+  // Grouped: this CTA's expert, its rows [row0, row0 + rows) of x and of the output, and its weights' first row.
+  int group = 0, row0 = 0, rows = p.m;
+  if constexpr (kGrouped) {
+    const int slot = static_cast<int>(blockIdx.x) / split_k / tiles;
+    if (slot >= *groups.list_count) return;  // the whole CTA, before any barrier
+    group = __shfl_sync(0xffffffffu, groups.list[slot], 0);
+    row0 = __shfl_sync(0xffffffffu, groups.offsets[group], 0);
+    rows = __shfl_sync(0xffffffffu, groups.offsets[group + 1], 0) - row0;
+  }
   const int r0 = warp * 16 + g;  // this thread's rows of the tile: r0 and r0 + 8
   const int num_kb = p.k / 128;
   const int num_chunks = (num_kb + kFp4LdgBlocks - 1) / kFp4LdgBlocks;
@@ -116,13 +133,16 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
   const uint8_t* s_row[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int n = min(n0 + r0 + 8 * h, p.n - 1);
-    w_row[h] = w + static_cast<int64_t>(n) * ldw + 16 * t;
-    s_row[h] = static_cast<const uint8_t*>(p.b_scale) + static_cast<int64_t>(n) * p.b_scale_stride_n;
+    const int64_t n = static_cast<int64_t>(group) * p.n + min(n0 + r0 + 8 * h, p.n - 1);
+    w_row[h] = w + n * ldw + 16 * t;
+    s_row[h] = static_cast<const uint8_t*>(p.b_scale) + group * p.b_scale_group_stride +
+               static_cast<int64_t>(min(n0 + r0 + 8 * h, p.n - 1)) * p.b_scale_stride_n;
   }
   const int x_last = p.a_scale_cols - 1;
   const int x_blocks_per_group = max(1, p.a_group / 128);
 
+  // This chunk of tokens: rows tok0 .. tok0 + tok_count - 1 of x and of y (dense: all M, one chunk).
+  int tok0 = row0, tok_count = min(WN, rows);
   // Issues chunk c's copies into its slot (nothing past the split: the group is committed empty, so that every
   // thread's group count stays one per chunk).
   auto issue = [&](int c) {
@@ -159,9 +179,9 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
       for (int e = tid; e < kFp4LdgBlocks * WN * 8; e += kFp4LdgThreads) {
         const int q = e & 7, r = (e >> 3) % WN, jb = e / (8 * WN);
         const int kb = c * kFp4LdgBlocks + jb;
-        const bool valid = r < p.m && kb < num_kb;
+        const bool valid = r < tok_count && kb < num_kb;
         ldg_cp_async_16(sx + jb * WN * 128 + r * 128 + ((q ^ (r & 7)) << 4),
-                        valid ? x + static_cast<int64_t>(r) * lda + kb * 128 + 16 * q : x, valid ? 16u : 0u);
+                        valid ? x + static_cast<int64_t>(tok0 + r) * lda + kb * 128 + 16 * q : x, valid ? 16u : 0u);
       }
       // The activation scales [4][WN]: one per token and 128 of K (the last token's for the columns past M).
       for (int e = tid; e < kFp4LdgBlocks * WN; e += kFp4LdgThreads) {
@@ -170,7 +190,7 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
         if (p.a_scale) {
           const int xg = min(kb / x_blocks_per_group, x_last);
           ldg_cp_async_4(sxs + e,
-                         p.a_scale + static_cast<int64_t>(min(r, p.m - 1)) * p.a_scale_stride_m +
+                         p.a_scale + static_cast<int64_t>(tok0 + min(r, tok_count - 1)) * p.a_scale_stride_m +
                              static_cast<int64_t>(xg) * p.a_scale_stride_k,
                          4u);
         } else {
@@ -181,15 +201,7 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
     ldg_cp_async_commit();
   };
 
-  // The weights are no kernel's output, the activations are: wait for the kernel ahead (a no-op without a
-  // programmatic launch), then fill the ring.
-  cudaGridDependencySynchronize();
-#pragma unroll
-  for (int s = 0; s < kRing - 1; ++s) issue(c_begin + s);
-
   float total[kAcc];
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
   // total += acc · (row r0's, row r0 + 8's scale) · the tokens' scales of the block.
   auto add_block = [&](const float (&acc)[kAcc], float rs0, float rs1, const float* xs) {
@@ -203,126 +215,150 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
     }
   };
 
-  for (int c = c_begin; c < c_end; ++c) {
-    ldg_cp_async_wait<kRing - 2>();  // this thread's copies of chunk c have landed
-    const uint8_t* sx = smem + (c % kRing) * Smem::kX;
-    const uint8_t* sw = smem_rest + (c % kRing) * Smem::kRest;
-    const uint8_t* swords = sw + Smem::kW;
-    const float* sxs = reinterpret_cast<const float*>(swords + Smem::kWords);
-    const uint4 words0 = *reinterpret_cast<const uint4*>(swords + tid * 16);
-    const uint4 words1 = *reinterpret_cast<const uint4*>(swords + (kFp4LdgThreads + tid) * 16);
-    const uint32_t word[2][4] = {{words0.x, words0.y, words0.z, words0.w}, {words1.x, words1.y, words1.z, words1.w}};
-    int emax[kFp4LdgBlocks][2], dist[kFp4LdgBlocks][2];
-    bool ok = true;
+  // Dense: one chunk of all M tokens (a loop of one trip the compiler sees).
+  for (int tc = 0; tc < (kGrouped ? rows : 1); tc += WN) {
+    tok0 = row0 + tc;
+    tok_count = kGrouped ? min(WN, rows - tc) : p.m;
+    if (tc > 0) __syncthreads();  // every thread is done with the previous token chunk's ring
 #pragma unroll
-    for (int jb = 0; jb < kFp4LdgBlocks; ++jb)
+    for (int s = 0; s < kRing - 1; ++s) issue(c_begin + s);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) ok = fp4_perm_fold(word[h][jb], t, emax[jb][h], dist[jb][h]) && ok;
-    // Every thread's copies of chunk c have landed and are visible (the activation tile is everyone's), every thread
-    // is done with chunk c - 1 (its wgmma waited for), and the warpgroup's vote: whether every row folds every block.
-    const bool fold = __syncthreads_and(ok) != 0;
-    issue(c + kRing - 1);  // into chunk c - 1's slot
+    for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
+    for (int c = c_begin; c < c_end; ++c) {
+      ldg_cp_async_wait<kRing - 2>();  // this thread's copies of chunk c have landed
+      const uint8_t* sx = smem + (c % kRing) * Smem::kX;
+      const uint8_t* sw = smem_rest + (c % kRing) * Smem::kRest;
+      const uint8_t* swords = sw + Smem::kW;
+      const float* sxs = reinterpret_cast<const float*>(swords + Smem::kWords);
+      const uint4 words0 = *reinterpret_cast<const uint4*>(swords + tid * 16);
+      const uint4 words1 = *reinterpret_cast<const uint4*>(swords + (kFp4LdgThreads + tid) * 16);
+      const uint32_t word[2][4] = {{words0.x, words0.y, words0.z, words0.w}, {words1.x, words1.y, words1.z, words1.w}};
+      int emax[kFp4LdgBlocks][2], dist[kFp4LdgBlocks][2];
+      bool ok = true;
+#pragma unroll
+      for (int jb = 0; jb < kFp4LdgBlocks; ++jb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ok = fp4_perm_fold(word[h][jb], t, emax[jb][h], dist[jb][h]) && ok;
+      // Every thread's copies of chunk c have landed and are visible (the activation tile is everyone's), every thread
+      // is done with chunk c - 1 (its wgmma waited for), and the warpgroup's vote: whether every row folds every block.
+      const bool fold = __syncthreads_and(ok) != 0;
+      issue(c + kRing - 1);  // into chunk c - 1's slot
 
-    const uint32_t desc_x0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(sx));
-    const int blocks = min(kFp4LdgBlocks, num_kb - c * kFp4LdgBlocks);
-    // Block jb's chain: each row's group-t codes through the table of its distance, four k32 steps into acc.
-    auto fold_block = [&](int jb, float (&acc)[kAcc]) {
-      const Chunk16 codes0 = *reinterpret_cast<const Chunk16*>(sw + ((jb * 2 + 0) * kFp4LdgThreads + tid) * 16);
-      const Chunk16 codes1 = *reinterpret_cast<const Chunk16*>(sw + ((jb * 2 + 1) * kFp4LdgThreads + tid) * 16);
-      const uint2 tab0 = fold_tab[dist[jb][0]], tab1 = fold_tab[dist[jb][1]];
-      uint32_t a[4][4];
-      fp4_perm_fragments(codes0, codes1, tab0.x, tab0.y, tab1.x, tab1.y, a);
-      const uint32_t desc_x = desc_x0 + static_cast<uint32_t>((jb * WN * 128) >> 4);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-        Mma::mma(a[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc, s > 0);
-      ptx::wgmma_commit();
-    };
-    auto fold_add = [&](int jb, float (&acc)[kAcc]) {
-      ptx::fence_operands(acc);
-      add_block(acc, ue8m0_bits_to_float(static_cast<uint32_t>(emax[jb][0])),
-                ue8m0_bits_to_float(static_cast<uint32_t>(emax[jb][1])), sxs + jb * WN);
-    };
-    if (fold && blocks == kFp4LdgBlocks) {
-      // Block jb's group runs while block jb + 1 is loaded and expanded (two accumulator sets).
-      float acc[2][kAcc];
-#pragma unroll
-      for (int jb = 0; jb < kFp4LdgBlocks; ++jb) {
-        fold_block(jb, acc[jb & 1]);
-        if (jb > 0) {
-          ptx::wgmma_wait<1>();
-          fold_add(jb - 1, acc[(jb - 1) & 1]);
-        }
-      }
-      ptx::wgmma_wait<0>();
-      fold_add(kFp4LdgBlocks - 1, acc[(kFp4LdgBlocks - 1) & 1]);
-    } else if (fold) {
-      // The K tail's chunk: its blocks one at a time (unrolled, so that emax and dist stay in registers).
-#pragma unroll
-      for (int jb = 0; jb < kFp4LdgBlocks; ++jb) {
-        if (jb >= blocks) break;
-        float acc[kAcc];
-        fold_block(jb, acc);
-        ptx::wgmma_wait<0>();
-        fold_add(jb, acc);
-      }
-    } else {
-      // Some row spreads past 8 somewhere in the chunk: per block, four chains over the plain codes, chain gi
-      // keeping only the lanes of group gi (t == gi), promoted with that group's scale (the permuted kernel's way).
-      const uint2 plain = fold_tab[0];
-#pragma unroll 1
-      for (int jb = 0; jb < blocks; ++jb) {
+      const uint32_t desc_x0 = ptx::desc_lo_k_major_sw128(ptx::smem_addr(sx));
+      const int blocks = min(kFp4LdgBlocks, num_kb - c * kFp4LdgBlocks);
+      // Block jb's chain: each row's group-t codes through the table of its distance, four k32 steps into acc.
+      auto fold_block = [&](int jb, float (&acc)[kAcc]) {
         const Chunk16 codes0 = *reinterpret_cast<const Chunk16*>(sw + ((jb * 2 + 0) * kFp4LdgThreads + tid) * 16);
         const Chunk16 codes1 = *reinterpret_cast<const Chunk16*>(sw + ((jb * 2 + 1) * kFp4LdgThreads + tid) * 16);
+        const uint2 tab0 = fold_tab[dist[jb][0]], tab1 = fold_tab[dist[jb][1]];
+        uint32_t a[4][4];
+        fp4_perm_fragments(codes0, codes1, tab0.x, tab0.y, tab1.x, tab1.y, a);
         const uint32_t desc_x = desc_x0 + static_cast<uint32_t>((jb * WN * 128) >> 4);
-#pragma unroll 1
-        for (int gi = 0; gi < 4; ++gi) {
-          uint32_t kept[4][4];
-          fp4_perm_fragments(codes0, codes1, plain.x, plain.y, plain.x, plain.y, kept);
+        ptx::wgmma_fence();
 #pragma unroll
-          for (int s = 0; s < 4; ++s)
+        for (int s = 0; s < 4; ++s)
+          Mma::mma(a[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc, s > 0);
+        ptx::wgmma_commit();
+      };
+      auto fold_add = [&](int jb, float (&acc)[kAcc]) {
+        ptx::fence_operands(acc);
+        add_block(acc, ue8m0_bits_to_float(static_cast<uint32_t>(emax[jb][0])),
+                  ue8m0_bits_to_float(static_cast<uint32_t>(emax[jb][1])), sxs + jb * WN);
+      };
+      if (fold && blocks == kFp4LdgBlocks) {
+        // Block jb's group runs while block jb + 1 is loaded and expanded (two accumulator sets).
+        float acc[2][kAcc];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) kept[s][r] = t == gi ? kept[s][r] : 0u;
-          float acc[kAcc];
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int s = 0; s < 4; ++s)
-            Mma::mma(kept[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc, s > 0);
-          ptx::wgmma_commit();
-          ptx::wgmma_wait<0>();
-          ptx::fence_operands(acc);
-#pragma unroll
-          for (int s = 0; s < 4; ++s) fence_regs(kept[s]);
-          // The word's byte gi of each row: any block of the chunk (word[h][jb] with jb varying at run time).
-          uint32_t wd0 = word[0][0], wd1 = word[1][0];
-#pragma unroll
-          for (int q = 1; q < kFp4LdgBlocks; ++q) {
-            wd0 = jb == q ? word[0][q] : wd0;
-            wd1 = jb == q ? word[1][q] : wd1;
+        for (int jb = 0; jb < kFp4LdgBlocks; ++jb) {
+          fold_block(jb, acc[jb & 1]);
+          if (jb > 0) {
+            ptx::wgmma_wait<1>();
+            fold_add(jb - 1, acc[(jb - 1) & 1]);
           }
-          add_block(acc, ue8m0_bits_to_float((wd0 >> (8 * gi)) & 0xFFu), ue8m0_bits_to_float((wd1 >> (8 * gi)) & 0xFFu),
-                    sxs + jb * WN);
+        }
+        ptx::wgmma_wait<0>();
+        fold_add(kFp4LdgBlocks - 1, acc[(kFp4LdgBlocks - 1) & 1]);
+      } else if (fold) {
+        // The K tail's chunk: its blocks one at a time (unrolled, so that emax and dist stay in registers).
+#pragma unroll
+        for (int jb = 0; jb < kFp4LdgBlocks; ++jb) {
+          if (jb >= blocks) break;
+          float acc[kAcc];
+          fold_block(jb, acc);
+          ptx::wgmma_wait<0>();
+          fold_add(jb, acc);
+        }
+      } else {
+        // Some row spreads past 8 somewhere in the chunk: per block, four chains over the plain codes, chain gi
+        // keeping only the lanes of group gi (t == gi), promoted with that group's scale (the permuted kernel's way).
+        const uint2 plain = fold_tab[0];
+#pragma unroll 1
+        for (int jb = 0; jb < blocks; ++jb) {
+          const Chunk16 codes0 = *reinterpret_cast<const Chunk16*>(sw + ((jb * 2 + 0) * kFp4LdgThreads + tid) * 16);
+          const Chunk16 codes1 = *reinterpret_cast<const Chunk16*>(sw + ((jb * 2 + 1) * kFp4LdgThreads + tid) * 16);
+          const uint32_t desc_x = desc_x0 + static_cast<uint32_t>((jb * WN * 128) >> 4);
+#pragma unroll 1
+          for (int gi = 0; gi < 4; ++gi) {
+            uint32_t kept[4][4];
+            fp4_perm_fragments(codes0, codes1, plain.x, plain.y, plain.x, plain.y, kept);
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) kept[s][r] = t == gi ? kept[s][r] : 0u;
+            float acc[kAcc];
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+              Mma::mma(kept[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc,
+                       s > 0);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+            ptx::fence_operands(acc);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) fence_regs(kept[s]);
+            // The word's byte gi of each row: any block of the chunk (word[h][jb] with jb varying at run time).
+            uint32_t wd0 = word[0][0], wd1 = word[1][0];
+#pragma unroll
+            for (int q = 1; q < kFp4LdgBlocks; ++q) {
+              wd0 = jb == q ? word[0][q] : wd0;
+              wd1 = jb == q ? word[1][q] : wd1;
+            }
+            add_block(acc, ue8m0_bits_to_float((wd0 >> (8 * gi)) & 0xFFu),
+                      ue8m0_bits_to_float((wd1 >> (8 * gi)) & 0xFFu), sxs + jb * WN);
+          }
         }
       }
     }
-  }
-  ldg_cp_async_wait<0>();  // no copy outlives its thread (the empty groups past the split)
+    ldg_cp_async_wait<0>();  // the empty groups past the split: no copy outlives the chunk
 
-  // Epilogue: accumulator i holds row n0 + r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1).
+    // Epilogue: accumulator i holds row n0 + r0 + 8·((i >> 1) & 1), token 8·(i >> 2) + 2t + (i & 1) of the chunk.
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) {
-    const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
-    const int n = n0 + r0 + 8 * ((i >> 1) & 1);
-    if (tok >= p.m || n >= p.n) continue;
-    if (p.workspace) {
-      p.workspace[(static_cast<int64_t>(split) * p.m + tok) * p.n + n] = total[i];
-    } else {
-      store_one(p, tok, n,
-                total[i] * load_vec(p.row_mode, p.row_scale, tok) * load_vec(p.col_mode, p.col_scale, n) +
-                    load_bias(p, n));
+    for (int i = 0; i < kAcc; ++i) {
+      const int tok = 8 * (i >> 2) + 2 * t + (i & 1);
+      const int n = n0 + r0 + 8 * ((i >> 1) & 1);
+      if (tok >= tok_count || n >= p.n) continue;
+      const int row = tok0 + tok;
+      if constexpr (!kGrouped) {
+        if (p.workspace) {
+          p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = total[i];
+        } else {
+          store_one(p, row, n,
+                    total[i] * load_vec(p.row_mode, p.row_scale, row) * load_vec(p.col_mode, p.col_scale, n) +
+                        load_bias(p, n));
+        }
+      } else {
+        const float* row_scale =
+            p.row_mode == VecMode::Scalar ? p.row_scale + group * p.row_scale_group_stride : p.row_scale;
+        const float rs = load_vec(p.row_mode, row_scale, row);
+        const float cs = load_vec(p.col_mode, p.col_scale + group * p.col_group_stride, n);
+        const float rw = p.row_weight ? p.row_weight[row] : 1.0f;
+        const bool bias = !p.workspace || split == 0;
+        const float v = (total[i] * rs * cs + (bias ? load_bias(p, group * p.bias_group_stride + n) : 0.0f)) * rw;
+        if (p.workspace) p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = v;
+        else store_one(p, row, n, v);
+      }
     }
-  }
+  }  // token chunks
 #endif
 }
 

@@ -516,6 +516,25 @@ void launch_sm90_decode_grouped(const void* a, int64_t lda, const void* b, int64
   if (kind == DecodeKind::None) throw Error("decode grouped gemm: the recipe is not one the decode kernel serves");
   int device = 0;
   FG_CUDA_CHECK(cudaGetDevice(&device));
+  // The kernel whose threads copy their own weights (FINEGEMM_FP4_DECODE_LDG=1), up to 64 rows per chunk.
+  if (p.a_perm_k && wn_rows <= 64 && fp4_decode_ldg_wanted() && fp4_decode_ldg_ok(p, a, lda, b, ldb, true)) {
+    const Fp4LdgConfig c = choose_fp4_decode_ldg_config(std::max(1, wn_rows), p.n, p.k, num_sms_of_device(device),
+                                                        device, groups.slots);
+    std::optional<StreamScratch> workspace;
+    if (c.split_k > 1) {
+      workspace.emplace(sizeof(float) * static_cast<size_t>(c.split_k) * p.m * p.n, stream);
+      p.workspace = workspace->as<float>();
+    }
+    launch_sm90_fp4_decode_ldg(a, lda, b, ldb, p, c, stream, groups);
+    if (p.workspace) {
+      GemmParams sum = p;  // the partials hold the whole epilogue (per expert): the reduce only sums them
+      sum.row_mode = VecMode::None;
+      sum.col_mode = VecMode::None;
+      sum.bias_dtype = -1;
+      launch_splitk_reduce(sum, c.split_k, stream);
+    }
+    return;
+  }
   const Fp4DecodeConfig c = choose_fp4_decode_config(std::clamp(wn_rows, 1, p.a_perm_k ? 128 : 64), p.n, p.k,
                                                      num_sms_of_device(device), device, kind == DecodeKind::Fp8,
                                                      groups.slots, p.a_perm_k);

@@ -146,8 +146,9 @@ bool launch_sm90_fp4_gemv(const void* a, int64_t lda, const void* b, int64_t ldb
                           const Fp4GemvConfig& c, cudaStream_t stream);
 
 // The FP4 decode kernel whose threads copy their own weights (sm90_fp4_decode_ldg.cuh; FINEGEMM_FP4_DECODE_LDG=1, off
-// until measured): dense calls on permuted activations (GemmParams::a_perm_k) with UE8M0 byte scales and the 16-byte
-// alignment fp4_decode_ldg_ok checks (else the permuted kernel runs). Split-K partials go to p.workspace
+// until measured): dense calls and the MoE decode path's grouped ones on permuted activations (GemmParams::a_perm_k)
+// with UE8M0 byte scales and the 16-byte alignment fp4_decode_ldg_ok checks (else the permuted kernel runs), up to
+// 64 tokens per chunk. Split-K partials go to p.workspace
 // ([split_k][M][N]) for splitk_reduce_kernel; unsplit, the kernel applies the epilogue.
 struct Fp4LdgConfig {
   int wn = 8;                // token columns of the wgmma: 8, 16, 32 or 64
@@ -156,10 +157,12 @@ struct Fp4LdgConfig {
   int chunks_per_split = 1;  // 512s of K per CTA
 };
 bool fp4_decode_ldg_wanted();
-bool fp4_decode_ldg_ok(const GemmParams& p, const void* a, int64_t lda, const void* b, int64_t ldb);
-Fp4LdgConfig choose_fp4_decode_ldg_config(int m, int n, int k, int num_sms, int device);
+bool fp4_decode_ldg_ok(const GemmParams& p, const void* a, int64_t lda, const void* b, int64_t ldb,
+                       bool grouped = false);
+// slots: the grouped launch's expert slots (0: dense).
+Fp4LdgConfig choose_fp4_decode_ldg_config(int m, int n, int k, int num_sms, int device, int slots = 0);
 void launch_sm90_fp4_decode_ldg(const void* a, int64_t lda, const void* b, int64_t ldb, const GemmParams& p,
-                                const Fp4LdgConfig& c, cudaStream_t stream);
+                                const Fp4LdgConfig& c, cudaStream_t stream, const DecodeGroups& groups = {});
 long long fp4_decode_ldg_launches();  // launches of that kernel in this process (tests)
 
 // The decode kernel's recipes (any M: callers choose by M): FP4 weights with MX 1x32 scales, or E4M3 weights with
