@@ -2,14 +2,15 @@
 # Stop 60, call 3 (LIMIT=<timeout_s>): the FP4 decode kernel whose threads copy their own weights
 # (FINEGEMM_FP4_DECODE_LDG=1, sm90_fp4_decode_ldg.cuh): (1) its exactness tests and the permuted kernel's, then
 # memcheck and racecheck on its quick test; (2) dense decode, graph replay, FP8 against FP4 as it is and with the
-# switch, M = 1 / 16 / 32 / 64 on the bars' shapes; (3) ncu of one launch at M = 1 N = 7168 K = 16384.
+# switch, M = 1 / 16 / 32 / 64 on the bars' shapes; (3) MoE decode (DeepSeek-V3 T = 1 / 16, graph replay) FP8 and
+# FP4 without and with the switch; (4) the sanitizers; (5) ncu of one launch at M = 1 N = 7168 K = 16384.
 cd "$(dirname "$0")"
 [ -d .prebuilt ] || { mkdir -p .prebuilt && tar xJf prebuilt.txz -C .prebuilt; }
 B=.prebuilt; s0=$(date +%s); W=$OUT/w3; mkdir -p $W; LIMIT=${LIMIT:-450}
 el() { echo "($(( $(date +%s) - s0 )) s)"; }
 left() { [ $(( $(date +%s) - s0 )) -lt $1 ]; }
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='*ExactLdgDecode*:*ExactPermutedDecode*' >$W/test.txt 2>&1
+timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='*/cuda.ExactLdgDecode:*/cuda.ExactPermutedDecode:Backends/Fp4Moe.ExpertsWithCraftedSpreadsMatchReference/cuda' >$W/test.txt 2>&1
 echo "-- test_cuda_fp4 ldg+perm rc=$? $(el): $(grep -c '^\[       OK' $W/test.txt) passed; $(grep -h '^\[  FAILED\|^\[  PASSED' $W/test.txt | head -3 | tr '\n' ' ')"
 grep -B2 -A8 "Failure" $W/test.txt | head -30
 echo "-- decode A/B $(el)"
@@ -18,6 +19,12 @@ grep -h '^{' $W/decode.jsonl | python3 -c 'import json,sys
 for l in sys.stdin:
   r=json.loads(l); print("  %-20s %-26s M=%-3d N=%-6d K=%-6d us %8.2f graph %8.2f rel %.2e" % (r["variant"], r["env"], r["m"], r["n"], r["k"], r["us"], r["us_graph"], r["rel_err"]))'
 tail -3 $W/decode.err
+echo "-- MoE decode $(el)"
+for env in X=1 FINEGEMM_FP4_DECODE_LDG=1; do
+  env $env timeout 60 $B/bench/bench_cuda_moe --layers deepseek-v3 --tokens 1,16 --recipes $([ $env = X=1 ] && echo dynamic,fp4 || echo fp4) --check-tokens 1 >$W/moe_$env.jsonl 2>$W/moe_$env.err
+  grep -h '^{' $W/moe_$env.jsonl | python3 -c 'import json,sys
+for l in sys.stdin: r=json.loads(l); print("  %-28s T=%-3d %-18s layer %8.1f us graph %8.1f %s" % (sys.argv[1], r["T"], r["variant"], r["layer_us"], r.get("layer_us_graph", 0), r["check"]))' $env
+done
 if left $(( LIMIT - 150 )); then
   FINEGEMM_TEST_QUICK=1 timeout 100 compute-sanitizer --tool memcheck $B/tests/test_cuda_fp4 --gtest_filter='*/cuda.ExactLdgDecode' >$W/memcheck.txt 2>&1
   echo "-- memcheck rc=$? $(el): $(grep -h 'ERROR SUMMARY' $W/memcheck.txt | head -1)"
