@@ -1,4 +1,4 @@
-// The sm_90a FP4 decode kernel without producer warps (FINEGEMM_FP4_DECODE_LDG=1, stop 60): y[M, N] = x[M, K] · W[N, K]ᵀ
+// The sm_90a FP4 decode kernel without producer warps (FINEGEMM_FP4_DECODE_LDG=1, stop 60): y[M, N] = x[M, K] · W[N, K]^T
 // for M ≤ 64 tokens, packed E2M1 weights with UE8M0 byte scales per 1x32, E4M3 activations quantized by linear() in
 // the permuted order of the FP4 decode kernel (GemmParams::a_perm_k, fp4_perm_k_logical), one activation scale per
 // 128 of K (per token and group of 128 or more, static, or none).
@@ -13,7 +13,7 @@
 //     its share of the chunk's activation tile (WN tokens × 512 bytes, written in the 128-byte swizzle the wgmma's B
 //     descriptor reads) and activation scales;
 //   - a ring of kRing chunk slots in shared memory, kRing - 1 chunks in flight while one is computed; one
-//     __syncthreads_and per chunk both publishes the chunk's activation tile and takes the warpgroup's vote on the fold;
+//     __syncthreads_and per chunk both publishes the chunk's activation tile and takes the warpgroup's fold vote;
 //   - per 128 of K the fold of the FP4 decode kernel's permuted path (each row's group t through the table of its
 //     distance below the block's largest scale, one wgmma chain, promoted with 2^e_max), or where some row of the
 //     chunk spreads past 8 binades, four chains per block, each keeping one group's lanes and promoted with that
