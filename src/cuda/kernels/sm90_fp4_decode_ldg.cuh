@@ -1,4 +1,4 @@
-// The sm_90a FP4 decode kernel without producer warps (FINEGEMM_FP4_DECODE_LDG=1, stop 60): y[M, N] = x[M, K] · W[N, K]^T
+// The sm_90a FP4 decode kernel without producer warps (FINEGEMM_FP4_DECODE_LDG=1): y[M, N] = x[M, K] · W[N, K]ᵀ
 // for M ≤ 64 tokens, packed E2M1 weights with UE8M0 byte scales per 1x32, E4M3 activations quantized by linear() in
 // the permuted order of the FP4 decode kernel (GemmParams::a_perm_k, fp4_perm_k_logical), one activation scale per
 // 128 of K (per token and group of 128 or more, static, or none).
