@@ -1181,8 +1181,8 @@ TEST_P(Fp4Linear, ExactPermutedDecode) {
 // block; 20 scale bytes per row, so the 4-byte scale copies) and K = 1536 (three whole chunks, 48 scale bytes per
 // row, so the 16-byte copies), whose second chunk has one wide row (its four-chain path between two folding chunks,
 // the ring's wrap). M = 1, 7, 16, 33 and 64 (all four token widths), static and group-128 activations, unsplit and
-// split in 2 and 3 (a split of one chunk, and splits that end on the tail). Every such call takes the kernel (its
-// launch counter); packed UE8M0 scales take the permuted kernel instead.
+// split in 2 and 3 (a split of one chunk, and splits that end on the tail), with and without programmatic launches.
+// Every such call takes the kernel (its launch counter); packed UE8M0 scales take the permuted kernel instead.
 TEST_P(Fp4Linear, ExactLdgDecode) {
   if (!gpu()) GTEST_SKIP() << "the direct-copy decode is a CUDA path";
   const bool quick = std::getenv("FINEGEMM_TEST_QUICK") != nullptr;
@@ -1197,13 +1197,16 @@ TEST_P(Fp4Linear, ExactLdgDecode) {
   });
   ASSERT_GT(whole.spread(100, 5), 8) << "self-check: the second chunk's wide row";
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 7, 16, 33, 64};
-  const std::vector<const char*> splits = quick ? std::vector<const char*>{"", "3"}
-                                                : std::vector<const char*>{"", "2", "3"};
-  for (const char* split : splits) {
+  // (split, FINEGEMM_PDL): programmatic launches request the first chunks' weights before they wait.
+  using Env = std::pair<const char*, const char*>;
+  const std::vector<Env> envs = quick ? std::vector<Env>{{"", ""}, {"3", "1"}}
+                                      : std::vector<Env>{{"", ""}, {"2", ""}, {"3", ""}, {"", "1"}, {"3", "1"}};
+  for (const auto& [split, pdl] : envs) {
     const ScopedEnv ldg("FINEGEMM_FP4_DECODE_LDG", "1"), forced("FINEGEMM_FP4_DECODE_SPLIT", split),
-        no_gemv("FINEGEMM_FP4_GEMV", "0");
+        programmatic("FINEGEMM_PDL", pdl), no_gemv("FINEGEMM_FP4_GEMV", "0");
     for (const Fp4Matrix* w : {&tail, &whole}) {
-      const std::string what = "direct-copy decode (K=" + std::to_string(w->k) + ", split '" + split + "')";
+      const std::string what = "direct-copy decode (K=" + std::to_string(w->k) + ", split '" + split + "', PDL '" +
+                               pdl + "')";
       const long long before = cuda::fp4_decode_ldg_launches();
       check_exact(target(), gpu(), what, *w, ms, {ScaleKind::UE8M0}, {ActKind::Static, ActKind::Group128Pow2});
       EXPECT_GE(cuda::fp4_decode_ldg_launches() - before, static_cast<long long>(2 * ms.size()))

@@ -14,7 +14,7 @@ timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='*/cuda.ExactLdgDecode:*/cuda.
 echo "-- test_cuda_fp4 ldg+perm rc=$? $(el): $(grep -c '^\[       OK' $W/test.txt) passed; $(grep -h '^\[  FAILED\|^\[  PASSED' $W/test.txt | head -3 | tr '\n' ' ')"
 grep -B2 -A8 "Failure" $W/test.txt | head -30
 echo "-- decode A/B $(el)"
-timeout 150 $B/bench/bench_cuda_linear --m 1,16,32,64 --nk 7168:16384,4096:7168,24576:1536 --variants block-fp32-dynamic,mxfp4-group128 --envs ';FINEGEMM_FP4_DECODE_LDG=1' >$W/decode.jsonl 2>$W/decode.err
+timeout 150 $B/bench/bench_cuda_linear --m 1,16,64 --nk 7168:16384,4096:7168,24576:1536 --variants block-fp32-dynamic,mxfp4-group128 --envs ';FINEGEMM_FP4_DECODE_LDG=1;FINEGEMM_FP4_DECODE_LDG=1,FINEGEMM_PDL=1' >$W/decode.jsonl 2>$W/decode.err
 grep -h '^{' $W/decode.jsonl | python3 -c 'import json,sys
 for l in sys.stdin:
   r=json.loads(l); print("  %-20s %-26s M=%-3d N=%-6d K=%-6d us %8.2f graph %8.2f rel %.2e" % (r["variant"], r["env"], r["m"], r["n"], r["k"], r["us"], r["us_graph"], r["rel_err"]))'

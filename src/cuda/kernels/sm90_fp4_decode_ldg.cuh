@@ -107,9 +107,12 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
   const int split = static_cast<int>(blockIdx.x) % split_k;
   const int tile = static_cast<int>(blockIdx.x) / split_k % tiles;
   const int n0 = tile * kFp4LdgRows;
-  // The weights are no kernel's output, the activations (and, grouped, the expert list) are: wait for the kernel
-  // ahead (a no-op without a programmatic launch) before reading anything.
-  cudaGridDependencySynchronize();
+  // Programmatic launch (p.pdl): the activations (and, grouped, the expert list) are the kernel ahead's output, so
+  // wait for it (a no-op otherwise) before reading them. A dense call whose kernel ahead writes no weights
+  // (p.pdl_weights_ready: linear()'s activation quantization, or the caller's promise) requests the first chunks'
+  // weights before it waits.
+  const bool weights_first = !kGrouped && p.pdl_weights_ready;
+  if (!weights_first) cudaGridDependencySynchronize();
   // Grouped: this CTA's expert, its rows [row0, row0 + rows) of x and of the output, and its weights' first row.
   int group = 0, row0 = 0, rows = p.m;
   if constexpr (kGrouped) {
@@ -143,14 +146,13 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
 
   // This chunk of tokens: rows tok0 .. tok0 + tok_count - 1 of x and of y (dense: all M, one chunk).
   int tok0 = row0, tok_count = min(WN, rows);
-  // Issues chunk c's copies into its slot (nothing past the split: the group is committed empty, so that every
-  // thread's group count stays one per chunk).
-  auto issue = [&](int c) {
+  // Chunk c's copies into its slot (nothing past the split): the weights' part and the activations' part; issue()
+  // commits both as one group (committed empty past the split, so that every thread's group count stays one per
+  // chunk).
+  auto issue_w = [&](int c) {
     if (c < c_end) {
-      uint8_t* sx = smem + (c % kRing) * Smem::kX;
       uint8_t* sw = smem_rest + (c % kRing) * Smem::kRest;
       uint8_t* swords = sw + Smem::kW;
-      float* sxs = reinterpret_cast<float*>(swords + Smem::kWords);
 #pragma unroll
       for (int jb = 0; jb < kFp4LdgBlocks; ++jb) {
         const int kb = c * kFp4LdgBlocks + jb;
@@ -174,6 +176,12 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
             ldg_cp_async_4(dst + 4 * q, 4 * q < valid_bytes ? src + 4 * q : s_row[h], 4 * q < valid_bytes ? 4u : 0u);
         }
       }
+    }
+  };
+  auto issue_x = [&](int c) {
+    if (c < c_end) {
+      uint8_t* sx = smem + (c % kRing) * Smem::kX;
+      float* sxs = reinterpret_cast<float*>(smem_rest + (c % kRing) * Smem::kRest + Smem::kW + Smem::kWords);
       // The activation tile: 4 blocks × WN tokens × 8 pieces of 16 bytes; piece q of token r in block jb at
       // jb·WN·128 + r·128 + ((q ^ (r & 7)) << 4). Tokens past M and blocks past K are zero.
       for (int e = tid; e < kFp4LdgBlocks * WN * 8; e += kFp4LdgThreads) {
@@ -198,6 +206,10 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
         }
       }
     }
+  };
+  auto issue = [&](int c) {
+    issue_w(c);
+    issue_x(c);
     ldg_cp_async_commit();
   };
 
@@ -220,8 +232,20 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
     tok0 = row0 + tc;
     tok_count = kGrouped ? min(WN, rows - tc) : p.m;
     if (tc > 0) __syncthreads();  // every thread is done with the previous token chunk's ring
+    if (weights_first) {
+      // The first group holds the first kRing - 1 chunks' weights and the first chunk's activations.
 #pragma unroll
-    for (int s = 0; s < kRing - 1; ++s) issue(c_begin + s);
+      for (int s = 0; s < kRing - 1; ++s) issue_w(c_begin + s);
+      cudaGridDependencySynchronize();
+#pragma unroll
+      for (int s = 0; s < kRing - 1; ++s) {
+        issue_x(c_begin + s);
+        ldg_cp_async_commit();
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < kRing - 1; ++s) issue(c_begin + s);
+    }
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
     for (int c = c_begin; c < c_end; ++c) {
