@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# NOTE (after the run): its test filter */cuda.ExactLdgDecode matched nothing (the names end in /cuda), so the quick
+# test and memcheck ran no test; and without --bf16-input bench_cuda_linear passes E4M3 activations, which the permuted
+# and direct-copy kernels never take. Calls 2-4 redid both by hand (stop60_call1_2026-12-07_cafb383.json).
 # Stop 60, call 5 (the budget's last minutes; LIMIT=<s>): the FP4 direct-copy decode kernel (FINEGEMM_FP4_DECODE_LDG=1)
 # in short: (1) its quick exactness test and the MoE test's rows; (2) dense decode by graph replay, FP8 against FP4 as
 # it is, with the switch, and with the switch and programmatic launches (M = 1 / 16 / 64, the two bar shapes);
