@@ -95,9 +95,9 @@ void run(int iters, int sms, float* sink, long long* d_cycles, double clock_ghz)
     std::nth_element(c.begin(), c.begin() + grid / 2, c.end());
     const double per_iter = static_cast<double>(c[grid / 2]) / iters;
     const double wgmma_per_us_sm = per_sm * kSteps / per_iter * clock_ghz * 1e3;
-    std::printf("N=%-3d A=%-4s %-11s steps=%d CTAs/SM=%d: %7.1f cycles/iter, %6.1f wgmma/us/SM, %5.2f x4-chains/us/SM\n",
-                N, kRegA ? "regs" : "smem", kChain ? "chain" : "independent", kSteps, per_sm, per_iter,
-                wgmma_per_us_sm, wgmma_per_us_sm / 4);
+    std::printf("N=%-3d A=%-4s %-11s steps=%d CTAs/SM=%d: %7.1f cycles/iter, %6.1f wgmma/us/SM, "
+                "%5.2f x4-chains/us/SM\n", N, kRegA ? "regs" : "smem", kChain ? "chain" : "independent", kSteps,
+                per_sm, per_iter, wgmma_per_us_sm, wgmma_per_us_sm / 4);
   }
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stop 60, call 3 (LIMIT=<timeout_s>; did not run at stop 60, fixed for the next: the test names, --bf16-input):
-# (0) the small-N wgmma probe; the FP4 decode kernel whose threads copy their own weights
+# (0) the small-N wgmma probe and the direct-copy kernel's copies alone; the FP4 decode kernel whose threads copy their own weights
 # (FINEGEMM_FP4_DECODE_LDG=1, sm90_fp4_decode_ldg.cuh): (1) its exactness tests and the permuted kernel's, then
 # memcheck and racecheck on its quick test; (2) dense decode, graph replay, FP8 against FP4 as it is and with the
 # switch, M = 1 / 16 / 32 / 64 on the bars' shapes; (3) MoE decode (DeepSeek-V3 T = 1 / 16, graph replay) FP8 and
@@ -13,6 +13,8 @@ left() { [ $(( $(date +%s) - s0 )) -lt $1 ]; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 echo "-- small-N wgmma rates (bench/micro/wgmma_small_n.cu)"
 timeout 60 $B/bench/micro_wgmma_small_n 2000 2>&1 | tee $W/wgmma_small_n.txt
+echo "-- the direct-copy kernel's copies alone (bench/micro/ldg_decode_stream.cu)"
+timeout 60 $B/bench/micro_ldg_decode_stream 2>&1 | tee $W/ldg_decode_stream.txt
 timeout 150 $B/tests/test_cuda_fp4 --gtest_filter='Backends/Fp4Linear.ExactLdgDecode/cuda:Backends/Fp4Linear.ExactPermutedDecode/cuda:Backends/Fp4Moe.ExpertsWithCraftedSpreadsMatchReference/cuda' >$W/test.txt 2>&1
 echo "-- test_cuda_fp4 ldg+perm rc=$? $(el): $(grep -c '^\[       OK' $W/test.txt) passed; $(grep -h '^\[  FAILED\|^\[  PASSED' $W/test.txt | head -3 | tr '\n' ' ')"
 grep -B2 -A8 "Failure" $W/test.txt | head -30
