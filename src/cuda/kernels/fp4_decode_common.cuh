@@ -1,5 +1,5 @@
 // Helpers the FP4 decode kernels share (sm90_fp4_decode.cuh, sm90_fp4_decode_ldg.cuh): the fold table's rows, UE8M0
-// bits as floats, one output store with the call's type, and a register fence.
+// bits as floats, one output store with the call's type, the epilogue's store of one total, and a register fence.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,6 +8,7 @@
 
 #include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/gemm_params.cuh"
+#include "cuda/kernels/sm90_fp8_gemm.cuh"
 
 namespace finegemm::cuda {
 
@@ -28,6 +29,33 @@ __device__ __forceinline__ void store_one(const GemmParams& p, int row, int col,
     case OutDType::F32: static_cast<float*>(p.out)[offset] = v; break;
     case OutDType::BF16: static_cast<__nv_bfloat16*>(p.out)[offset] = __float2bfloat16_rn(v); break;
     case OutDType::F16: static_cast<__half*>(p.out)[offset] = __float2half_rn(v); break;
+  }
+}
+
+// One total (row `row` of x, column n) at the end of a decode CTA. Dense: with split-K the raw partial to
+// p.workspace[split][M][N] (splitk_reduce_kernel applies the epilogue), else y with the row/col scales and bias.
+// Grouped (expert `group`): the expert's scales, its bias (split 0 only) and the row's routing weight apply here, to
+// the partial or to y (the reduce then only sums).
+template <bool kGrouped>
+__device__ __forceinline__ void decode_store(const GemmParams& p, int group, int split, int row, int n, float total) {
+  if constexpr (!kGrouped) {
+    if (p.workspace) {
+      p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = total;
+    } else {
+      store_one(p, row, n,
+                total * load_vec(p.row_mode, p.row_scale, row) * load_vec(p.col_mode, p.col_scale, n) +
+                    load_bias(p, n));
+    }
+  } else {
+    const float* row_scale =
+        p.row_mode == VecMode::Scalar ? p.row_scale + group * p.row_scale_group_stride : p.row_scale;
+    const float rs = load_vec(p.row_mode, row_scale, row);
+    const float cs = load_vec(p.col_mode, p.col_scale + group * p.col_group_stride, n);
+    const float rw = p.row_weight ? p.row_weight[row] : 1.0f;
+    const bool bias = !p.workspace || split == 0;
+    const float v = (total * rs * cs + (bias ? load_bias(p, group * p.bias_group_stride + n) : 0.0f)) * rw;
+    if (p.workspace) p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = v;
+    else store_one(p, row, n, v);
   }
 }
 

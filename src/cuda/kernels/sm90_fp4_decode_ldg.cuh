@@ -362,25 +362,7 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
       const int n = n0 + r0 + 8 * ((i >> 1) & 1);
       if (tok >= tok_count || n >= p.n) continue;
       const int row = tok0 + tok;
-      if constexpr (!kGrouped) {
-        if (p.workspace) {
-          p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = total[i];
-        } else {
-          store_one(p, row, n,
-                    total[i] * load_vec(p.row_mode, p.row_scale, row) * load_vec(p.col_mode, p.col_scale, n) +
-                        load_bias(p, n));
-        }
-      } else {
-        const float* row_scale =
-            p.row_mode == VecMode::Scalar ? p.row_scale + group * p.row_scale_group_stride : p.row_scale;
-        const float rs = load_vec(p.row_mode, row_scale, row);
-        const float cs = load_vec(p.col_mode, p.col_scale + group * p.col_group_stride, n);
-        const float rw = p.row_weight ? p.row_weight[row] : 1.0f;
-        const bool bias = !p.workspace || split == 0;
-        const float v = (total[i] * rs * cs + (bias ? load_bias(p, group * p.bias_group_stride + n) : 0.0f)) * rw;
-        if (p.workspace) p.workspace[(static_cast<int64_t>(split) * p.m + row) * p.n + n] = v;
-        else store_one(p, row, n, v);
-      }
+      decode_store<kGrouped>(p, group, split, row, n, total[i]);
     }
   }  // token chunks
 #endif
