@@ -1,5 +1,6 @@
 // Helpers the FP4 decode kernels share (sm90_fp4_decode.cuh, sm90_fp4_decode_ldg.cuh): the fold table's rows, UE8M0
-// bits as floats, one output store with the call's type, the epilogue's store of one total, and a register fence.
+// bits as floats, one output store with the call's type, the epilogue's store of one total, a register fence and the
+// per-group chain of a block that does not fold.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,6 +10,8 @@
 #include "cuda/kernels/fp4_expand.hpp"
 #include "cuda/kernels/gemm_params.cuh"
 #include "cuda/kernels/sm90_fp8_gemm.cuh"
+#include "cuda/ptx/ptx.cuh"
+#include "cuda/ptx/wgmma_fp8.cuh"
 
 namespace finegemm::cuda {
 
@@ -59,10 +62,37 @@ __device__ __forceinline__ void decode_store(const GemmParams& p, int group, int
   }
 }
 
+
 template <int N>
 __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// Chain g of a 128-wide K block that does not fold, on permuted activations (both FP4 decode kernels' per-group
+// path): the lanes of MX group g (t == g) feed their codes through the plain table, the others zeros; the block's four
+// k32 steps into acc (B: the block's activation tile at descriptor word desc_x), waited for. The caller promotes acc
+// with group g's scales.
+template <int WN>
+__device__ __forceinline__ void fp4_perm_group_chain(const Chunk16& codes0, const Chunk16& codes1, uint2 plain, int t,
+                                                     int g, uint32_t desc_x, float (&acc)[WN / 2]) {
+  uint32_t kept[4][4];
+  fp4_perm_fragments(codes0, codes1, plain.x, plain.y, plain.x, plain.y, kept);
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) kept[s][r] = t == g ? kept[s][r] : 0u;
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+    ptx::WgmmaFp8RegA<WN>::mma(kept[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4),
+                                                              ptx::kDescHiKMajorSw128),
+                               acc, s > 0);
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_operands(acc);
+#pragma unroll
+  for (int s = 0; s < 4; ++s) fence_regs(kept[s]);
 }
 
 }  // namespace finegemm::cuda

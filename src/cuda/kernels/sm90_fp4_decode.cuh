@@ -746,24 +746,10 @@ __global__ void __launch_bounds__(kFp4DecodeThreads<kFp8W, kRows, kPreparers, kP
           for (int g = 0; g < 4; ++g) {
             // Chain g: the lanes of group g feed their codes (expanded again for each chain: registers are short at
             // WN = 128, and this path is rare), the others zeros.
-            uint32_t kept[4][4];
-            fp4_perm_fragments(codes0, codes1, plain_tab.x, plain_tab.y, plain_tab.x, plain_tab.y, kept);
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) kept[s][r] = t == g ? kept[s][r] : 0u;
             float acc[kAcc];
-            ptx::wgmma_fence();
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
-              Mma::mma(kept[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc, s > 0);
-            ptx::wgmma_commit();
+            fp4_perm_group_chain<WN>(codes0, codes1, plain_tab, t, g, desc_x, acc);
             const float w_scale[2] = {ue8m0_bits_to_float((word[0] >> (8 * g)) & 0xFFu),
                                       ue8m0_bits_to_float((word[1] >> (8 * g)) & 0xFFu)};
-            ptx::wgmma_wait<0>();
-            ptx::fence_operands(acc);
-#pragma unroll
-            for (int s = 0; s < 4; ++s) fence_regs(kept[s]);
             add_block(acc, w_scale, xs);
           }
         }

@@ -323,23 +323,8 @@ __global__ void __launch_bounds__(kFp4LdgThreads, WN >= 64 ? 2 : 3)
           const uint32_t desc_x = desc_x0 + static_cast<uint32_t>((jb * WN * 128) >> 4);
 #pragma unroll 1
           for (int gi = 0; gi < 4; ++gi) {
-            uint32_t kept[4][4];
-            fp4_perm_fragments(codes0, codes1, plain.x, plain.y, plain.x, plain.y, kept);
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) kept[s][r] = t == gi ? kept[s][r] : 0u;
             float acc[kAcc];
-            ptx::wgmma_fence();
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
-              Mma::mma(kept[s], ptx::desc_from_words(desc_x + static_cast<uint32_t>((s * 32) >> 4), kDescHi), acc,
-                       s > 0);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait<0>();
-            ptx::fence_operands(acc);
-#pragma unroll
-            for (int s = 0; s < 4; ++s) fence_regs(kept[s]);
+            fp4_perm_group_chain<WN>(codes0, codes1, plain, t, gi, desc_x, acc);
             // The word's byte gi of each row: any block of the chunk (word[h][jb] with jb varying at run time).
             uint32_t wd0 = word[0][0], wd1 = word[1][0];
 #pragma unroll
